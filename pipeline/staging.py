@@ -1,0 +1,170 @@
+"""Staging: every source writes the registry's tables as typed Parquet with a ``_rid`` column.
+
+A :class:`TableSink` receives Arrow data table by table (the CSV sources) or chunk by chunk
+across tables (the synthetic generator), casts it to the registry's schema, numbers rows and
+writes zstd Parquet under temporary names. Only :meth:`TableSink.commit` renames them into
+place, so a failed run leaves no partial ``<table>.parquet`` behind.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.schema import ROW_ID, TABLES, table
+
+PARQUET_OPTIONS = dict(compression="zstd", compression_level=3, row_group_size=1 << 20)
+
+
+class StagingError(RuntimeError):
+    """Bad input for staging; the message names the file, table, column or line at fault."""
+
+
+def staged_path(staged_dir: str | os.PathLike, table_name: str) -> Path:
+    return Path(staged_dir) / f"{table_name}.parquet"
+
+
+@dataclass
+class StageReport:
+    source: str
+    out_dir: Path
+    rows: dict[str, int] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)  # table -> reason
+    seconds: float = 0.0
+
+    @property
+    def total_rows(self) -> int:
+        return sum(self.rows.values())
+
+    def summary(self) -> str:
+        lines = [f"{name:<20} {n:>12,}" for name, n in sorted(self.rows.items())]
+        lines += [f"{name:<20} {'skipped':>12}  ({why})" for name, why in sorted(self.skipped.items())]
+        lines.append(
+            f"staged {len(self.rows)} tables, {self.total_rows:,} rows from {self.source} "
+            f"into {self.out_dir} in {self.seconds:.2f} s"
+        )
+        return "\n".join(lines)
+
+
+class _TableWriter:
+    def __init__(self, table_name: str, final: Path):
+        self.schema = table(table_name).arrow_schema
+        self.final = final
+        self.tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+        self.writer = pq.ParquetWriter(self.tmp, self.schema, **_writer_options())
+        self.rows = 0
+
+    def write(self, data: pa.Table | pa.RecordBatch) -> None:
+        n = data.num_rows
+        rid = pa.array(np.arange(self.rows, self.rows + n, dtype=np.int64))
+        columns = list(data.columns) + [rid]
+        batch = pa.Table.from_arrays(columns, schema=self.schema)
+        self.writer.write_table(batch, row_group_size=PARQUET_OPTIONS["row_group_size"])
+        self.rows += n
+
+
+def _writer_options() -> dict:
+    return {k: v for k, v in PARQUET_OPTIONS.items() if k != "row_group_size"}
+
+
+class TableSink:
+    """Collects Arrow data per table; all files appear together on :meth:`commit`."""
+
+    def __init__(self, out_dir: str | os.PathLike, tables: Collection[str]):
+        self.out_dir = Path(out_dir)
+        self.tables = tuple(tables)
+        self._writers: dict[str, _TableWriter] = {}
+        self.skipped: dict[str, str] = {}
+
+    def write(self, table_name: str, data: pa.Table | pa.RecordBatch) -> None:
+        """Append rows of ``table_name``; they are cast to the registry's types by name."""
+        if table_name not in self.tables:
+            return
+        writer = self._writers.get(table_name)
+        if writer is None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            writer = self._writers[table_name] = _TableWriter(
+                table_name, staged_path(self.out_dir, table_name))
+        writer.write(conform(table_name, data))
+
+    def skip(self, table_name: str, reason: str) -> None:
+        if table_name in self.tables:
+            self.skipped[table_name] = reason
+
+    def commit(self) -> dict[str, int]:
+        for name in self.tables:
+            if name not in self._writers and name not in self.skipped:
+                self.write(name, pa.Table.from_pylist([], schema=_data_schema(name)))
+        for w in self._writers.values():
+            w.writer.close()
+        for w in self._writers.values():
+            os.replace(w.tmp, w.final)
+        return {name: w.rows for name, w in self._writers.items()}
+
+    def abort(self) -> None:
+        for w in self._writers.values():
+            try:
+                w.writer.close()
+            finally:
+                w.tmp.unlink(missing_ok=True)
+
+
+def _data_schema(table_name: str) -> pa.Schema:
+    schema = table(table_name).arrow_schema
+    return schema.remove(schema.get_field_index(ROW_ID))
+
+
+def conform(table_name: str, data: pa.Table | pa.RecordBatch) -> pa.Table:
+    """Select and cast ``data`` to the registry's columns of ``table_name``, in order."""
+    if isinstance(data, pa.RecordBatch):
+        data = pa.Table.from_batches([data])
+    expected = _data_schema(table_name)
+    missing = [f.name for f in expected if f.name not in data.column_names]
+    extra = [n for n in data.column_names if n not in expected.names]
+    if missing or extra:
+        raise StagingError(
+            f"table {table_name}: columns do not match the MIMIC-IV v2.2 registry"
+            + (f"; missing {missing}" if missing else "")
+            + (f"; unexpected {extra}" if extra else ""))
+    data = data.select(expected.names)
+    if data.schema.equals(expected):
+        return data
+    try:
+        return data.cast(expected)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise StagingError(f"table {table_name}: cannot cast to registry types: {exc}") from exc
+
+
+class Source(Protocol):
+    """A MIMIC-IV source: writes the requested tables into a sink (or marks them skipped)."""
+
+    name: str
+
+    def emit(self, sink: TableSink) -> None: ...
+
+
+def stage(source: Source, out_dir: str | os.PathLike, tables: Iterable[str] | None = None) -> StageReport:
+    """Stage ``tables`` (default: all 31) from ``source`` into ``out_dir/<table>.parquet``."""
+    wanted = tuple(tables) if tables is not None else tuple(TABLES)
+    for name in wanted:
+        table(name)  # unknown names fail before any work
+    started = time.perf_counter()
+    sink = TableSink(out_dir, wanted)
+    try:
+        source.emit(sink)
+        rows = sink.commit()
+    except BaseException:
+        sink.abort()
+        raise
+    for name in sink.skipped:
+        staged_path(out_dir, name).unlink(missing_ok=True)
+    return StageReport(source.name, Path(out_dir), rows, dict(sink.skipped),
+                       time.perf_counter() - started)
