@@ -1,0 +1,94 @@
+"""The ``ehr-robustgym`` command line: the same functions the Dagster assets and tests call."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from pipeline.sources import DEFAULT_SYNTHETIC_PATIENTS, SOURCE_KINDS, make_source
+from pipeline.staging import StagingError, stage
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """EHR-RobustGym: verified Clean–Noise benchmarks over MIMIC-IV, and a gym to run agents on them."""
+
+
+def source_options(f):
+    f = click.option("--seed", type=int, default=0, show_default=True,
+                     help="Seed of the synthetic generator (and of everything seeded downstream).")(f)
+    f = click.option("--patients", type=click.IntRange(min=1), default=DEFAULT_SYNTHETIC_PATIENTS,
+                     show_default=True, help="Number of synthetic patients.")(f)
+    f = click.option("--path", type=click.Path(path_type=Path), default=None,
+                     help="MIMIC-IV folder in PhysioNet layout (hosp/, icu/) for --source demo|mimic.")(f)
+    f = click.option("--source", type=click.Choice(SOURCE_KINDS), default="synthetic", show_default=True,
+                     help="Where the MIMIC-IV tables come from.")(f)
+    return f
+
+
+@main.command("stage")
+@source_options
+@click.option("--out", type=click.Path(path_type=Path), required=True,
+              help="Output folder: one <table>.parquet per staged table.")
+@click.option("--table", "tables", multiple=True, help="Stage only these tables (repeatable).")
+def stage_command(source, path, patients, seed, out, tables):
+    """Stage MIMIC-IV tables as typed, zstd-compressed Parquet with a stable _rid row id."""
+    try:
+        report = stage(make_source(source, path, patients=patients, seed=seed), out, tables or None)
+    except (StagingError, KeyError) as exc:
+        raise click.ClickException(str(exc).strip('"')) from exc
+    click.echo(report.summary())
+
+
+@main.command("download-demo")
+@click.option("--out", type=click.Path(path_type=Path), required=True,
+              help="Folder to download the demo into (PhysioNet layout).")
+@click.option("--url", default=None, help="Base URL of the release (default: PhysioNet's demo v2.2).")
+def download_demo_command(out, url):
+    """Download the open-access MIMIC-IV demo v2.2 and verify every file's SHA-256."""
+    from pipeline.download import DEMO_URL, ChecksumError, download_demo
+
+    try:
+        report = download_demo(out, url or DEMO_URL, log=click.echo)
+    except (ChecksumError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"{len(report.ok)} files verified in {out}"
+               + (f"; missing: {', '.join(report.missing)}" if report.missing else ""))
+    if not report.valid:
+        raise click.ClickException(f"checksum mismatch: {', '.join(report.mismatched)}")
+
+
+@main.command("verify-demo")
+@click.option("--path", type=click.Path(path_type=Path), required=True, help="A PhysioNet release folder.")
+def verify_demo_command(path):
+    """Verify a downloaded release against its SHA256SUMS.txt (absent files are listed)."""
+    from pipeline.download import ChecksumError, verify_checksums
+
+    try:
+        report = verify_checksums(path)
+    except ChecksumError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"{len(report.ok)} files ok")
+    for rel in report.missing:
+        click.echo(f"missing: {rel}")
+    for rel in report.mismatched:
+        click.echo(f"MISMATCH: {rel}")
+    if not report.valid:
+        sys.exit(1)
+
+
+@main.command("check")
+@click.option("--staged", type=click.Path(path_type=Path, exists=True, file_okay=False), required=True,
+              help="A folder of staged <table>.parquet files.")
+def check_command(staged):
+    """Run the source expectation suites and the full-table invariants on staged tables."""
+    from pipeline.quality import check_staged
+
+    errors = 0
+    for line, is_error in check_staged(staged):
+        click.echo(line)
+        errors += is_error
+    if errors:
+        raise click.ClickException(f"{errors} check(s) failed with errors")

@@ -1,0 +1,1 @@
+"""Dagster definitions, one module per stage; :mod:`pipeline.definitions` merges them."""

@@ -1,0 +1,31 @@
+"""The one resource every stage shares: which MIMIC-IV source, which seed, where outputs go."""
+
+
+from pathlib import Path
+
+import dagster as dg
+from pydantic import Field
+
+from pipeline.sources import DEFAULT_SYNTHETIC_PATIENTS, make_source
+from pipeline.staging import Source
+
+
+class BenchmarkRun(dg.ConfigurableResource):
+    """Choose the source and seed in the launchpad; outputs land in their own seed folder."""
+
+    source: str = Field(default="synthetic", description="synthetic | demo | mimic")
+    path: str | None = Field(default=None, description="MIMIC-IV folder (hosp/, icu/) for demo or mimic")
+    patients: int = Field(default=DEFAULT_SYNTHETIC_PATIENTS, description="synthetic patients")
+    seed: int = Field(default=0, description="seed of generation, sampling and noise")
+    data_dir: str = Field(default="data", description="root of generated output")
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.data_dir) / "benchmark" / self.source / f"seed={self.seed}"
+
+    @property
+    def staged_dir(self) -> Path:
+        return self.run_dir / "staged"
+
+    def make_source(self) -> Source:
+        return make_source(self.source, self.path, patients=self.patients, seed=self.seed)

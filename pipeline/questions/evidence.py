@@ -1,0 +1,160 @@
+"""The clean-evidence filter: a candidate question is kept only if the rows its answer rests on
+pass the same checks the noise detectors use (SPEC §3: real MIMIC already holds noise).
+
+Checks, each one SQL query over all candidates' evidence at once, first failing reason wins:
+missing value or timestamp, stop before start, duplicate event key (conflicting or exact),
+value outside the item's plausibility bounds (``plausibility.yaml``), unit other than the item's
+usual unit, value text contradicting the number, ICD code absent from its dictionary, broken
+hadm_id/stay_id link (or a null link while the time lies inside a stay), time outside the stay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import yaml
+
+from pipeline.schema import EVENT_TIMES, TABLES
+
+BOUNDS_FILE = Path(__file__).with_name("plausibility.yaml")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How to judge one table's rows: event identity, value, times, dictionaries."""
+
+    key: tuple[str, ...]
+    value: str | None = None
+    time: str | None = None
+    end: str | None = None
+    unit: str | None = None
+    items: str | None = None  # item dictionary, for bounds by label
+    text: str | None = None  # free-text twin of a numeric value
+    codes: str | None = None  # ICD dictionary
+
+
+RULES: dict[str, Rule] = {
+    "labevents": Rule(("subject_id", "itemid", "charttime"), "valuenum", "charttime",
+                      unit="valueuom", items="d_labitems", text="value"),
+    "chartevents": Rule(("stay_id", "itemid", "charttime"), "valuenum", "charttime",
+                        unit="valueuom", items="d_items", text="value"),
+    "outputevents": Rule(("stay_id", "itemid", "charttime"), "value", "charttime", unit="valueuom",
+                         items="d_items"),
+    "inputevents": Rule(("orderid", "itemid"), "amount", "starttime", "endtime", "amountuom", "d_items"),
+    "datetimeevents": Rule(("stay_id", "itemid", "charttime"), "value", "charttime"),
+    "procedureevents": Rule(("orderid",), "value", "starttime", "endtime"),
+    "prescriptions": Rule(("pharmacy_id", "drug"), None, "starttime", "stoptime"),
+    "emar": Rule(("emar_id",), None, "charttime"),
+    "diagnoses_icd": Rule(("hadm_id", "icd_code", "icd_version"), "icd_code", codes="d_icd_diagnoses"),
+    "procedures_icd": Rule(("hadm_id", "icd_code", "icd_version"), "icd_code", "chartdate",
+                           codes="d_icd_procedures"),
+    "microbiologyevents": Rule(("microevent_id",), None, "chartdate"),
+    "hcpcsevents": Rule(("hadm_id", "hcpcs_cd", "seq_num"), "hcpcs_cd", "chartdate"),
+    "admissions": Rule(("hadm_id",), None, "admittime", "dischtime"),
+    "icustays": Rule(("stay_id",), None, "intime", "outtime"),
+    "transfers": Rule(("transfer_id",), None, "intime", "outtime"),
+    "patients": Rule(("subject_id",)),
+    "services": Rule(("hadm_id", "transfertime", "curr_service"), None, "transfertime"),
+}
+
+REASONS = ("no_evidence", "missing_value", "missing_timestamp", "temporal_inversion",
+           "duplicate_conflict", "duplicate_exact", "implausible_value", "unit_mismatch",
+           "value_text_conflict", "invalid_code", "orphan_link", "time_outside_stay")
+_PARENT_TIME = dict(((t, c), p) for t, c, p in EVENT_TIMES)
+
+
+def load_bounds(con: duckdb.DuckDBPyConnection) -> None:
+    """Register the plausibility table as ``_bounds`` on ``con``."""
+    rows = yaml.safe_load(BOUNDS_FILE.read_text(encoding="utf-8"))
+    con.register("_bounds", pa.Table.from_pylist(
+        rows, schema=pa.schema([("table", pa.string()), ("label", pa.string()),
+                                ("low", pa.float64()), ("high", pa.float64())])))
+
+
+def _checks(table: str, rule: Rule, present: set[str]) -> list[str]:
+    """SELECT cand, reason ... queries over ``e`` (this table's evidence rows joined to the table)."""
+    q: list[str] = []
+    t = TABLES[table]
+    if rule.value:
+        q.append(f"SELECT cand, 'missing_value' FROM e WHERE {rule.value} IS NULL")
+    if rule.time:
+        q.append(f"SELECT cand, 'missing_timestamp' FROM e WHERE {rule.time} IS NULL")
+    if rule.end:
+        q.append(f"SELECT cand, 'temporal_inversion' FROM e WHERE {rule.end} < {rule.time}")
+    key = ", ".join(rule.key)
+    distinct_value = f"count(DISTINCT {rule.value})" if rule.value else "1"
+    q.append(f"""SELECT e.cand, CASE WHEN k.nv > 1 THEN 'duplicate_conflict' ELSE 'duplicate_exact' END
+                 FROM e JOIN (SELECT {key}, {distinct_value} AS nv
+                              FROM {table} SEMI JOIN (SELECT DISTINCT {key} FROM e) k USING ({key})
+                              GROUP BY ALL HAVING count(*) > 1) k USING ({key})""")
+    if rule.items in present:
+        q.append(f"""SELECT e.cand, 'implausible_value' FROM e JOIN {rule.items} d ON d.itemid = e.itemid
+                     JOIN _bounds b ON b.table = '{table}' AND b.label = d.label
+                     WHERE e.{rule.value} NOT BETWEEN b.low AND b.high""")
+    if rule.unit:
+        q.append(f"""SELECT e.cand, 'unit_mismatch' FROM e JOIN (
+                       SELECT itemid, {rule.unit} AS usual FROM (
+                         SELECT itemid, {rule.unit}, count(*) AS n FROM {table}
+                         WHERE itemid IN (SELECT itemid FROM e) GROUP BY ALL)
+                       QUALIFY row_number() OVER (PARTITION BY itemid ORDER BY n DESC, {rule.unit}) = 1
+                     ) u USING (itemid) WHERE e.{rule.unit} IS DISTINCT FROM u.usual""")
+    if rule.text:
+        q.append(f"""SELECT cand, 'value_text_conflict' FROM e
+                     WHERE abs(TRY_CAST({rule.text} AS DOUBLE) - {rule.value}) > 1e-6""")
+    if rule.codes in present:
+        q.append(f"""SELECT cand, 'invalid_code' FROM e ANTI JOIN {rule.codes} d
+                     ON d.icd_code = e.icd_code AND d.icd_version = e.icd_version""")
+    if t.has("hadm_id") and table != "admissions" and "admissions" in present:
+        inside = f"e.{rule.time} BETWEEN least(a.admittime, coalesce(a.edregtime, a.admittime)) AND a.dischtime"
+        q.append(f"""SELECT e.cand, 'orphan_link' FROM e LEFT JOIN admissions a ON a.hadm_id = e.hadm_id
+                     WHERE e.hadm_id IS NOT NULL AND a.subject_id IS DISTINCT FROM e.subject_id""")
+        if rule.time:
+            q.append(f"""SELECT e.cand, 'orphan_link' FROM e JOIN admissions a ON a.subject_id = e.subject_id
+                         WHERE e.hadm_id IS NULL AND {inside}""")
+        if _PARENT_TIME.get((table, rule.time)) == "admissions":
+            q.append(f"""SELECT e.cand, 'time_outside_stay' FROM e JOIN admissions a ON a.hadm_id = e.hadm_id
+                         WHERE NOT ({inside})""")
+    if t.has("stay_id") and table != "icustays" and "icustays" in present:
+        q.append(f"""SELECT e.cand, 'orphan_link' FROM e LEFT JOIN icustays i ON i.stay_id = e.stay_id
+                     WHERE i.hadm_id IS DISTINCT FROM e.hadm_id""")
+        if _PARENT_TIME.get((table, rule.time)) == "icustays":
+            q.append(f"""SELECT e.cand, 'time_outside_stay' FROM e JOIN icustays i ON i.stay_id = e.stay_id
+                         WHERE e.{rule.time} NOT BETWEEN i.intime AND i.outtime""")
+    return q
+
+
+def check_evidence(con: duckdb.DuckDBPyConnection, evidence: dict[int, list[tuple[str, int]]],
+                   present: set[str]) -> dict[int, str]:
+    """Reason per rejected candidate (``{cand: reason}``); candidates absent from the result are clean.
+    ``evidence`` maps a candidate number to its ``(table_name, _rid)`` rows."""
+    rejected = {c: "no_evidence" for c, rows in evidence.items() if not rows}
+    rows = [(c, t, r) for c, ev in evidence.items() for t, r in ev]
+    if not rows:
+        return rejected
+    unknown = sorted({t for _, t, _ in rows} - set(RULES) - present)
+    if unknown:
+        raise ValueError(f"evidence names table(s) {unknown} that are not staged")
+    cand, tables, rids = zip(*rows)
+    con.register("_ev", pa.table({"cand": pa.array(cand, pa.int32()), "table_name": list(tables),
+                                  "_rid": pa.array(rids, pa.int64())}))
+    found: dict[int, set[str]] = {}
+    try:
+        for table in sorted(set(tables)):
+            rule = RULES.get(table)
+            if rule is None:
+                continue
+            body = "\nUNION ALL\n".join(_checks(table, rule, present))
+            hits = con.execute(f"""
+                WITH e AS MATERIALIZED (SELECT ev.cand, t.* FROM _ev ev JOIN {table} t ON t._rid = ev._rid
+                                         WHERE ev.table_name = '{table}')
+                {body}""").fetchall()
+            for c, reason in hits:
+                found.setdefault(c, set()).add(reason)
+    finally:
+        con.unregister("_ev")
+    for c, reasons in found.items():
+        rejected[c] = min(reasons, key=REASONS.index)
+    return rejected

@@ -1,0 +1,237 @@
+"""Question templates as data: load ``templates/*.yaml``, validate, and render.
+
+Every problem is reported as a :class:`TemplateError` naming the file and template id, so a
+contributor adding a template learns exactly what to fix. Question text renders slot values as
+they are; SQL renders them only through the ``sql`` filter (a quoted literal) -- a bare
+``{{ slot }}`` holding a string in SQL is refused at render time, so no value is ever spliced
+into SQL unquoted.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jinja2
+import jinja2.meta
+import yaml
+
+from pipeline.questions.samplers import SAMPLERS
+from pipeline.schema import TABLES
+
+INTENTS = ("encounters", "diagnoses", "procedures", "medications", "laboratory", "icu_monitoring")
+LEVELS = ("patient", "population")
+ANSWER_TYPES = ("number", "integer", "boolean", "text", "list", "set", "date", "datetime")
+OPERATORS = (
+    "drop_evidence", "duplicate_exact", "duplicate_conflict", "orphan_link", "time_displaced",
+    "missing_timestamp", "unit_scale", "implausible_value", "unit_label_mismatch",
+    "value_text_conflict", "invalid_code", "temporal_inversion", "absent_event",
+    "nonexistent_entity", "misspelled_entity", "window_outside_record", "false_premise",
+    "ambiguous_reference",
+)
+TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
+
+_REQUIRED = ("id", "intent", "level", "questions", "gold_sql", "evidence_sql", "slots",
+             "answer_type", "requires", "noise")
+_NOISE_KEYS = ("evidence_table", "value_column", "time_column", "entity_slot", "window", "operators")
+_ID = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+class TemplateError(ValueError):
+    """A template file or template is invalid; the message names the file and template id."""
+
+
+class SqlLiteral(str):
+    """Text already quoted for SQL by the ``sql`` filter."""
+
+
+def sql_literal(value) -> SqlLiteral:
+    """Quote a slot value as a DuckDB literal: strings with doubled quotes, numbers as is."""
+    if value is None:
+        return SqlLiteral("NULL")
+    if isinstance(value, bool):
+        return SqlLiteral("TRUE" if value else "FALSE")
+    if isinstance(value, (int, float)):
+        return SqlLiteral(repr(value))
+    if isinstance(value, dt.datetime):
+        return SqlLiteral(f"TIMESTAMP '{value.isoformat(sep=' ')}'")
+    if isinstance(value, dt.date):
+        return SqlLiteral(f"DATE '{value.isoformat()}'")
+    return SqlLiteral("'" + str(value).replace("'", "''") + "'")
+
+
+def _finalize_sql(value):
+    if isinstance(value, SqlLiteral) or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return value
+    raise TemplateError(f"value {value!r} rendered into SQL without the |sql filter")
+
+
+_TEXT_ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=False)
+_SQL_ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, finalize=_finalize_sql)
+_SQL_ENV.filters["sql"] = sql_literal
+
+
+@dataclass(frozen=True)
+class Slot:
+    name: str
+    sampler: str
+    params: dict
+
+
+@dataclass
+class Template:
+    id: str
+    intent: str
+    level: str
+    questions: list[str]
+    gold_sql: str
+    evidence_sql: str
+    slots: list[Slot]
+    answer_type: str
+    requires: list[str]
+    noise: dict
+    source_file: str = ""
+    _compiled: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def slot_names(self) -> list[str]:
+        return [s.name for s in self.slots]
+
+    def tables_needed(self) -> set[str]:
+        """Declared ``requires`` plus what the slot samplers read."""
+        needed = set(self.requires)
+        for s in self.slots:
+            needed.update(SAMPLERS[s.sampler].tables(s.params))
+        return needed
+
+
+def render(template: Template, slots: dict, variant: int = 0) -> tuple[str, str, str]:
+    """(question, gold_sql, evidence_sql) of ``template`` with ``slots`` and paraphrase ``variant``.
+    The noise stage re-renders with changed slots through this same function."""
+    c = template._compiled
+    if not c:
+        c["questions"] = [_TEXT_ENV.from_string(q) for q in template.questions]
+        c["gold"] = _SQL_ENV.from_string(template.gold_sql)
+        c["evidence"] = _SQL_ENV.from_string(template.evidence_sql)
+    try:
+        return (" ".join(c["questions"][variant].render(slots).split()),
+                c["gold"].render(slots).strip(), c["evidence"].render(slots).strip())
+    except (jinja2.UndefinedError, TemplateError) as exc:
+        raise TemplateError(f"{template.source_file}: template {template.id!r}: {exc}") from exc
+
+
+def load_templates(directory: str | Path | None = None) -> list[Template]:
+    """All templates of ``directory`` (default: the repository's ``templates/``), sorted by id."""
+    directory = Path(directory) if directory is not None else TEMPLATES_DIR
+    files = sorted(directory.glob("*.yaml"))
+    if not files:
+        raise TemplateError(f"no template files (*.yaml) in {directory}")
+    out: dict[str, Template] = {}
+    for path in files:
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as exc:
+            raise TemplateError(f"{path.name}: not valid YAML: {exc}") from exc
+        if not isinstance(data, list):
+            raise TemplateError(f"{path.name}: must be a YAML list of templates")
+        for i, raw in enumerate(data):
+            t = _parse(raw, path.name, i)
+            if t.id in out:
+                raise TemplateError(f"{path.name}: template {t.id!r}: duplicate id "
+                                    f"(also in {out[t.id].source_file})")
+            out[t.id] = t
+    return [out[k] for k in sorted(out)]
+
+
+def _parse(raw, file: str, index: int) -> Template:
+    tid = raw.get("id") if isinstance(raw, dict) else None
+    where = f"{file}: template {tid!r}" if tid else f"{file}: template #{index}"
+
+    def fail(msg: str):
+        raise TemplateError(f"{where}: {msg}")
+
+    if not isinstance(raw, dict):
+        fail("must be a mapping")
+    missing = [k for k in _REQUIRED if k not in raw]
+    unknown = sorted(set(raw) - set(_REQUIRED))
+    if missing or unknown:
+        fail("; ".join(([f"missing keys {missing}"] if missing else [])
+                       + ([f"unknown keys {unknown}"] if unknown else [])))
+    if not isinstance(tid, str) or not _ID.match(tid):
+        fail("id must be snake_case")
+    if raw["intent"] not in INTENTS:
+        fail(f"intent {raw['intent']!r} is not one of {', '.join(INTENTS)}")
+    if raw["level"] not in LEVELS:
+        fail(f"level {raw['level']!r} is not one of {', '.join(LEVELS)}")
+    if raw["answer_type"] not in ANSWER_TYPES:
+        fail(f"answer_type {raw['answer_type']!r} is not one of {', '.join(ANSWER_TYPES)}")
+    questions = raw["questions"]
+    if not isinstance(questions, list) or len(questions) < 2 or not all(isinstance(q, str) for q in questions):
+        fail("questions must be a list of at least 2 paraphrases")
+    requires = raw["requires"]
+    if not isinstance(requires, list) or any(r not in TABLES for r in requires):
+        fail(f"requires must list MIMIC-IV tables; unknown: {[r for r in requires if r not in TABLES]}")
+
+    slots = _parse_slots(raw["slots"], fail)
+    names = {s.name for s in slots}
+    for label, env, texts in (("questions", _TEXT_ENV, questions),
+                              ("gold_sql", _SQL_ENV, [raw["gold_sql"]]),
+                              ("evidence_sql", _SQL_ENV, [raw["evidence_sql"]])):
+        for text in texts:
+            if not isinstance(text, str):
+                fail(f"{label} must be text")
+            try:
+                used = jinja2.meta.find_undeclared_variables(env.parse(text))
+            except jinja2.TemplateSyntaxError as exc:
+                fail(f"{label}: Jinja syntax error line {exc.lineno}: {exc.message}")
+            if used - names:
+                fail(f"{label} uses unknown slot(s) {sorted(used - names)}; slots are {sorted(names)}")
+    if "_rid" in raw["gold_sql"]:
+        fail("gold_sql must not use _rid (agents never see it)")
+    _check_noise(raw["noise"], names, fail)
+    return Template(tid, raw["intent"], raw["level"], questions, raw["gold_sql"], raw["evidence_sql"],
+                    slots, raw["answer_type"], requires, raw["noise"], file)
+
+
+def _parse_slots(raw, fail) -> list[Slot]:
+    if not isinstance(raw, dict):
+        fail("slots must be a mapping of slot name to {sampler: ..., params...}")
+    slots: list[Slot] = []
+    for name, spec in raw.items():
+        if not isinstance(spec, dict) or "sampler" not in spec:
+            fail(f"slot {name!r} must name a sampler")
+        params = {k: v for k, v in spec.items() if k != "sampler"}
+        sampler = SAMPLERS.get(spec["sampler"])
+        if sampler is None:
+            fail(f"slot {name!r}: unknown sampler {spec['sampler']!r}; known: {', '.join(sorted(SAMPLERS))}")
+        bad = sorted(set(params) - sampler.param_names())
+        if bad:
+            fail(f"slot {name!r}: sampler {sampler.name!r} takes no parameter(s) {bad}; "
+                 f"it takes {sorted(sampler.param_names())}")
+        for ref in sampler.refs:
+            if ref in params and params[ref] not in [s.name for s in slots]:
+                fail(f"slot {name!r}: {ref}: {params[ref]!r} is not an earlier slot")
+        slots.append(Slot(name, spec["sampler"], params))
+    return slots
+
+
+def _check_noise(noise, names: set[str], fail) -> None:
+    if not isinstance(noise, dict):
+        fail("noise must be a mapping")
+    unknown = sorted(set(noise) - set(_NOISE_KEYS))
+    if unknown or "evidence_table" not in noise or "operators" not in noise:
+        fail(f"noise needs evidence_table and operators; allowed keys {list(_NOISE_KEYS)}; unknown {unknown}")
+    if noise["evidence_table"] not in TABLES:
+        fail(f"noise.evidence_table {noise['evidence_table']!r} is not a MIMIC-IV table")
+    bad_ops = [o for o in noise["operators"] or [] if o not in OPERATORS]
+    if not noise["operators"] or bad_ops:
+        fail(f"noise.operators must be a non-empty list of known operators; unknown: {bad_ops}")
+    entity = noise.get("entity_slot")
+    if entity is not None and (not isinstance(entity, dict) or entity.get("slot") not in names
+                               or entity.get("dictionary") not in TABLES):
+        fail("noise.entity_slot must be {slot: <a slot>, dictionary: <table>, column: <column>}")
+    bad_window = [w for w in noise.get("window") or [] if w not in names]
+    if bad_window:
+        fail(f"noise.window names unknown slot(s) {bad_window}")
