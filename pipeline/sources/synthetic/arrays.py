@@ -62,6 +62,10 @@ def floor_to(t: np.ndarray, unit: int) -> np.ndarray:
     return t - t % unit
 
 
+def ceil_to(t: np.ndarray, unit: int) -> np.ndarray:
+    return -((-t) // unit) * unit
+
+
 def timestamps(t: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
     return pa.array(np.asarray(t, dtype=np.int64), type=pa.timestamp("us"),
                     mask=None if valid is None else ~valid)

@@ -153,7 +153,7 @@ def generate(rng: np.random.Generator, first_patient: int, n: int, first_admissi
     span_us = dischtime[stay_adm] - admittime[stay_adm]
     intime = admittime[stay_adm] + (span_us * rng.uniform(0.02, 0.3, len(stay_adm))).astype(np.int64)
     intime = floor_to(intime, 1_000_000)
-    stay_len = np.minimum((rng.lognormal(np.log(2.2), 0.7, len(stay_adm)) * US_PER_DAY).astype(np.int64),
+    stay_len = np.minimum(np.maximum((rng.lognormal(np.log(2.2), 0.7, len(stay_adm)) * US_PER_DAY).astype(np.int64), 4 * US_PER_HOUR),
                           (dischtime[stay_adm] - intime) * 9 // 10)
     outtime = np.where(died[stay_adm], dischtime[stay_adm], floor_to(intime + stay_len, 1_000_000))
     stay_id = scrambled_ids(first_stay + np.arange(len(stay_adm)), 30_000_000, 10_000_000)

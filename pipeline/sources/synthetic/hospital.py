@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipeline.sources.synthetic import reference as ref
 from pipeline.sources.synthetic.arrays import (
@@ -271,7 +272,7 @@ def microbiologyevents(rng, c: Cohort, providers: np.ndarray, first_event: int,
     mic_s, mic_r = (np.array([x[i] for x in ab_table], dtype=float)[ab] for i in (2, 3))
     dilution = np.where(resistant, mic_r, np.where(intermediate, mic_r / 2, mic_s))
     comparison = np.where(resistant, 1, np.where(intermediate, 2, 0))
-    dilution_text = pc_join(labels(["<=", "=>", ""], comparison), decimal_text(dilution, np.where(dilution < 1, 2, 0)))
+    dilution_text = _concat(labels(["<=", "=>", ""], comparison), decimal_text(dilution, np.where(dilution < 1, 2, 0)))
     stored = t[s] + (rng.uniform(2, 4, n_spec) * US_PER_DAY).astype(np.int64)[s]
     stored = floor_to(stored, US_PER_MINUTE)
     spec_cols = list(zip(*ref.SPECIMENS))
@@ -308,8 +309,7 @@ def microbiologyevents(rng, c: Cohort, providers: np.ndarray, first_event: int,
     return table, n, n_spec
 
 
-def pc_join(left: pa.Array, right: pa.Array) -> pa.Array:
-    import pyarrow.compute as pc
+def _concat(left: pa.Array, right: pa.Array) -> pa.Array:
     return pc.binary_join_element_wise(left, right, "")
 
 
@@ -327,10 +327,9 @@ def omr(rng, c: Cohort) -> pa.Table:
     weight = c.weight_kg[p] * rng.normal(1, 0.02, len(v))
     sys_bp = np.round(rng.normal(128, 15, len(v))).clip(90, 190)
     dia_bp = np.round(sys_bp * rng.uniform(0.5, 0.7, len(v)))
-    bp = pc_join(pc_join(decimal_text(sys_bp, 0), pa.array(["/"] * len(v))), decimal_text(dia_bp, 0))
+    bp = _concat(_concat(decimal_text(sys_bp, 0), pa.array(["/"] * len(v))), decimal_text(dia_bp, 0))
     lbs = decimal_text(weight * 2.20462, 1)
     bmi = decimal_text(weight / (c.height_cm[p] / 100) ** 2, 1)
-    import pyarrow.compute as pc
     text = pc.if_else(pa.array(r == 0), bp, pc.if_else(pa.array(r == 1), lbs, bmi))
     return pa.table({
         "subject_id": c.subject_id[p],

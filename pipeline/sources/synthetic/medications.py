@@ -1,0 +1,199 @@
+"""The medication chain of a chunk: POE order -> pharmacy -> prescription -> eMAR administrations.
+
+Each medication order gets one poe row, one pharmacy row and one prescription row sharing its
+``poe_id``/``pharmacy_id``; eMAR rows are the scheduled doses inside the order's window. Lab draws and
+admit/discharge orders add the non-medication POE rows. poe_seq/emar_seq count per patient in time order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.sources.synthetic import reference as ref
+from pipeline.sources.synthetic.arrays import (
+    US_PER_DAY, US_PER_HOUR, US_PER_MINUTE, expand, floor_to, joined_ids, labels, rank_within,
+    scrambled_ids, timestamps, uniform_between)
+from pipeline.sources.synthetic.cohort import Cohort
+
+OTHER_ORDERS = (  # order_type, order_subtype, field_name, field_value (poe_detail)
+    ("ADT orders", "Admit", "Admit category", "Admit to inpatient"),
+    ("ADT orders", "Discharge", "Discharge When", "Discharge Now"),
+    ("General Care", "Code status", "Code status", "Resuscitate (Full code)"),
+    ("Lab", None, None, None),
+)
+
+
+def _drug_column(field: str, dtype=object) -> np.ndarray:
+    return ref.column("drugs", field, dtype)
+
+
+def emit(rng, c: Cohort, providers: np.ndarray, lab_times: tuple[np.ndarray, np.ndarray],
+         first_pharmacy: int) -> tuple[dict[str, pa.Table], int]:
+    dx = ref.diagnoses()
+    m = len(c.patient)
+    base = _drug_column("base_probability", float)
+    boost = np.zeros((len(dx.names), len(base)))
+    for j, ind in enumerate(_drug_column("indications")):
+        for concept in filter(None, ind.split(";")):
+            boost[dx.index(concept), j] = 0.8
+    p = np.clip(base + c.concepts.astype(float) @ boost, 0, 0.95)
+    adm, drug = np.nonzero(rng.random(p.shape) < p)
+    renewals = 1 + rng.poisson(c.los_days[adm] / 2)
+    o, _ = expand(renewals)
+    adm, drug = adm[o], drug[o]
+    n = len(adm)
+
+    # order window inside the admission, on the hour as in MIMIC
+    doses_day = _drug_column("doses_per_24_hrs", float)[drug]
+    once = _drug_column("frequency")[drug] == "ONCE"
+    start = np.minimum(floor_to(uniform_between(rng, c.admittime[adm], c.dischtime[adm] - US_PER_HOUR), US_PER_HOUR)
+                       + US_PER_HOUR, c.dischtime[adm])
+    length = np.where(once, US_PER_HOUR, (rng.uniform(0.5, 4, n) * US_PER_DAY).astype(np.int64))
+    stop = np.minimum(start + length, c.dischtime[adm])
+    ordertime = np.maximum(start - (rng.uniform(1, 60, n) * US_PER_MINUTE).astype(np.int64), c.admittime[adm])
+    stopped = rng.random(n) < 0.25
+    provider = rng.integers(0, len(providers), n)
+
+    # all POE rows: medication orders, their D/C orders, lab orders, admit/discharge/code status
+    lab_adm, lab_t = lab_times
+    stopped_idx = np.flatnonzero(stopped)
+    other_adm = np.concatenate([np.arange(m)] * 3 + [lab_adm])
+    other_kind = np.concatenate([np.full(m, 0), np.full(m, 1), np.full(m, 2), np.full(len(lab_adm), 3)])
+    other_t = np.concatenate([c.admittime + US_PER_MINUTE, c.dischtime - 2 * US_PER_HOUR // 3,
+                              c.admittime + 30 * US_PER_MINUTE, np.maximum(lab_t - 20 * US_PER_MINUTE, c.admittime[lab_adm])])
+    poe_adm = np.concatenate([adm, adm[stopped_idx], other_adm])
+    poe_t = np.concatenate([ordertime, stop[stopped_idx], other_t])
+    poe_t = floor_to(poe_t, 1_000_000)
+    source = np.concatenate([np.zeros(n, int), np.ones(len(stopped_idx), int), 2 + other_kind])
+    order = np.lexsort((source, poe_t, c.patient[poe_adm]))
+    poe_seq = np.empty(len(order), np.int64)
+    poe_seq[order] = rank_within(c.patient[poe_adm][order]) + 1
+    subject = c.subject_id[c.patient[poe_adm]]
+    poe_id = joined_ids(subject, poe_seq)
+    med_seq, dc_seq = poe_seq[:n], poe_seq[n:n + len(stopped_idx)]
+    med_poe_id = joined_ids(c.subject_id[c.patient[adm]], med_seq)
+
+    dc_of = np.full(len(order), -1, np.int64)
+    dc_of[n:n + len(stopped_idx)] = med_seq[stopped_idx]
+    dc_by = np.full(len(order), -1, np.int64)
+    dc_by[stopped_idx] = dc_seq
+    order_types = ["Medications"] + [o[0] for o in OTHER_ORDERS]
+    subtypes = [o[1] or "" for o in OTHER_ORDERS]
+    type_idx = np.where(source < 2, 0, source - 1)
+    poe = pa.table({
+        "poe_id": poe_id.take(pa.array(order)),
+        "poe_seq": poe_seq[order],
+        "subject_id": subject[order],
+        "hadm_id": c.hadm_id[poe_adm][order],
+        "ordertime": timestamps(poe_t[order]),
+        "order_type": labels(order_types, type_idx[order]),
+        "order_subtype": labels([""] + subtypes, type_idx[order], (source[order] >= 2) & (source[order] < 5)),
+        "transaction_type": labels(["New", "D/C"], (source[order] == 1).astype(int)),
+        "discontinue_of_poe_id": _ref_ids(subject[order], dc_of[order]),
+        "discontinued_by_poe_id": _ref_ids(subject[order], dc_by[order]),
+        "order_provider_id": labels(providers, rng.integers(0, len(providers), len(order))),
+        "order_status": labels(["Inactive"], np.zeros(len(order), np.int64)),
+    })
+    detail_rows = np.flatnonzero((source >= 2) & (source < 5))
+    detail_kind = source[detail_rows] - 2
+    dnr = c.has("do_not_resuscitate")[poe_adm[detail_rows]] & (detail_kind == 2)
+    values = [o[3] for o in OTHER_ORDERS[:3]] + ["DNAR (DO NOT attempt resuscitation for cardiac arrest) "]
+    poe_detail = pa.table({
+        "poe_id": poe_id.take(pa.array(detail_rows)),
+        "poe_seq": poe_seq[detail_rows],
+        "subject_id": subject[detail_rows],
+        "field_name": labels([o[2] for o in OTHER_ORDERS[:3]], detail_kind),
+        "field_value": labels(values, np.where(dnr, 3, detail_kind)),
+    })
+
+    pharmacy_id = scrambled_ids(first_pharmacy + np.arange(n), 0, 100_000_000)
+    d = lambda field: labels(_drug_column(field), drug)  # noqa: E731
+    entertime = floor_to(ordertime, 1_000_000)
+    status = np.where(stopped, 0, np.where(stop == c.dischtime[adm], 1, 2))
+    med_subject = c.subject_id[c.patient[adm]]
+    pharmacy = pa.table({
+        "subject_id": med_subject, "hadm_id": c.hadm_id[adm], "pharmacy_id": pharmacy_id,
+        "poe_id": med_poe_id, "starttime": timestamps(start), "stoptime": timestamps(stop),
+        "medication": d("drug"), "proc_type": d("proc_type"),
+        "status": labels(["Discontinued", "Discontinued via patient discharge", "Expired"], status),
+        "entertime": timestamps(entertime),
+        "verifiedtime": timestamps(entertime + (rng.uniform(1, 30, n) * US_PER_MINUTE).astype(np.int64)),
+        "route": d("route"), "frequency": d("frequency"), "disp_sched": pa.nulls(n, pa.string()),
+        "infusion_type": pa.nulls(n, pa.string()), "sliding_scale": pa.nulls(n, pa.string()),
+        "lockout_interval": pa.nulls(n, pa.string()), "basal_rate": pa.nulls(n, pa.float64()),
+        "one_hr_max": pa.nulls(n, pa.string()), "doses_per_24_hrs": doses_day,
+        "duration": pa.nulls(n, pa.float64()),
+        "duration_interval": labels(["Ongoing", "Doses"], once.astype(int)),
+        "expiration_value": np.full(n, 36), "expiration_unit": labels(["Hours"], np.zeros(n, np.int64)),
+        "expirationdate": pa.nulls(n, pa.timestamp("us")),
+        "dispensation": labels(["Omnicell"], np.zeros(n, np.int64)), "fill_quantity": pa.nulls(n, pa.string()),
+    })
+    prescriptions = pa.table({
+        "subject_id": med_subject, "hadm_id": c.hadm_id[adm], "pharmacy_id": pharmacy_id,
+        "poe_id": med_poe_id, "poe_seq": med_seq,
+        "order_provider_id": labels(providers, provider),
+        "starttime": timestamps(start), "stoptime": timestamps(stop),
+        "drug_type": labels(["MAIN"], np.zeros(n, np.int64)), "drug": d("drug"),
+        "formulary_drug_cd": d("formulary_drug_cd"), "gsn": d("gsn"), "ndc": d("ndc"),
+        "prod_strength": d("prod_strength"), "form_rx": pa.nulls(n, pa.string()),
+        "dose_val_rx": d("dose_val_rx"), "dose_unit_rx": d("dose_unit_rx"),
+        "form_val_disp": d("form_val_disp"), "form_unit_disp": d("form_unit_disp"),
+        "doses_per_24_hrs": doses_day, "route": d("route"),
+    })
+
+    # eMAR: scheduled doses inside [start, stop]; PRN orders give fewer doses
+    prn = np.char.find(_drug_column("frequency")[drug].astype(str), "PRN") >= 0
+    interval = (US_PER_DAY / doses_day).astype(np.int64)
+    doses = np.maximum(1, (stop - start) // interval)
+    doses = np.where(prn, rng.binomial(doses, 0.4), doses)
+    e, k = expand(doses)
+    scheduled = start[e] + k * interval[e]
+    chart = np.clip(scheduled + (rng.uniform(-15, 40, len(e)) * US_PER_MINUTE).astype(np.int64),
+                    c.admittime[adm[e]], c.dischtime[adm[e]])
+    chart = floor_to(chart, US_PER_MINUTE)
+    e_order = np.lexsort((chart, c.patient[adm[e]]))
+    e, scheduled, chart = e[e_order], scheduled[e_order], chart[e_order]
+    emar_seq = rank_within(c.patient[adm[e]]) + 1
+    emar_subject = med_subject[e]
+    emar_id = joined_ids(emar_subject, emar_seq)
+    given = rng.random(len(e)) < 0.92
+    ne = len(e)
+    emar = pa.table({
+        "subject_id": emar_subject, "hadm_id": c.hadm_id[adm[e]], "emar_id": emar_id, "emar_seq": emar_seq,
+        "poe_id": med_poe_id.take(pa.array(e)), "pharmacy_id": pharmacy_id[e],
+        "enter_provider_id": labels(providers, rng.integers(0, len(providers), ne), rng.random(ne) < 0.3),
+        "charttime": timestamps(chart), "medication": labels(_drug_column("drug"), drug[e]),
+        "event_txt": labels(["Not Given", "Administered"], given.astype(int)),
+        "scheduletime": timestamps(floor_to(scheduled, US_PER_MINUTE)),
+        "storetime": timestamps(chart + (rng.uniform(0, 5, ne) * US_PER_MINUTE).astype(np.int64)),
+    })
+    de = lambda field: labels(_drug_column(field), drug[e])  # noqa: E731
+    none = pa.nulls(ne, pa.string())
+    product = pa.array([f"{a} {b}" for a, b in zip(_drug_column("drug"), _drug_column("prod_strength"))])
+    emar_detail = pa.table({
+        "subject_id": emar_subject, "emar_id": emar_id, "emar_seq": emar_seq,
+        "parent_field_ordinal": np.full(ne, 1.1), "administration_type": none, "pharmacy_id": pharmacy_id[e],
+        "barcode_type": labels(["if"], np.zeros(ne, np.int64)), "reason_for_no_barcode": none,
+        "complete_dose_not_given": labels(["No", "Yes"], (~given).astype(int)),
+        "dose_due": de("dose_val_rx"), "dose_due_unit": de("dose_unit_rx"),
+        "dose_given": pa.array(np.where(given, _drug_column("dose_val_rx")[drug[e]], "0")),
+        "dose_given_unit": de("dose_unit_rx"), "will_remainder_of_dose_be_given": none,
+        "product_amount_given": pa.array(np.where(given, _drug_column("form_val_disp")[drug[e]], "0")),
+        "product_unit": de("form_unit_disp"), "product_code": de("formulary_drug_cd"),
+        "product_description": product.take(pa.array(drug[e])), "product_description_other": none,
+        "prior_infusion_rate": none, "infusion_rate": none, "infusion_rate_adjustment": none,
+        "infusion_rate_adjustment_amount": none, "infusion_rate_unit": none, "route": de("route"),
+        "infusion_complete": none, "completion_interval": none, "new_iv_bag_hung": none,
+        "continued_infusion_in_other_location": none, "restart_interval": none, "side": none, "site": none,
+        "non_formulary_visual_verification": none,
+    })
+    tables = {"poe": poe, "poe_detail": poe_detail, "pharmacy": pharmacy, "prescriptions": prescriptions,
+              "emar": emar, "emar_detail": emar_detail}
+    return tables, n
+
+
+def _ref_ids(subject: np.ndarray, seq: np.ndarray) -> pa.Array:
+    """``<subject>-<seq>`` where ``seq`` >= 0, else NULL."""
+    ids = joined_ids(subject, seq)
+    return pa.array(ids.to_numpy(zero_copy_only=False), mask=seq < 0) if len(seq) else pa.nulls(0, pa.string())

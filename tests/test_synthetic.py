@@ -1,0 +1,162 @@
+"""The synthetic source stages all 31 MIMIC-IV tables clean: schema, keys, FKs, times, values, determinism."""
+
+from __future__ import annotations
+
+import hashlib
+
+import duckdb
+import pytest
+
+from pipeline.schema import EVENT_TIMES, FOREIGN_KEYS, TABLES, table
+from pipeline.sources import make_source
+from pipeline.sources.synthetic import SyntheticSource
+from pipeline.staging import stage, staged_path
+
+PATIENTS = 1000
+WINDOWS = {"icustays": ("stay_id", "intime", "outtime"), "admissions": ("hadm_id", "admittime", "dischtime")}
+
+
+@pytest.fixture(scope="module")
+def staged(tmp_path_factory):
+    out = tmp_path_factory.mktemp("synthetic")
+    report = stage(make_source("synthetic", patients=PATIENTS, seed=7), out)
+    return out, report
+
+
+@pytest.fixture(scope="module")
+def con(staged):
+    out, _ = staged
+    c = duckdb.connect()
+    for name in TABLES:
+        c.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{staged_path(out, name).as_posix()}')")
+    yield c
+    c.close()
+
+
+def count(con, sql: str) -> int:
+    return con.execute(f"SELECT count(*) FROM ({sql})").fetchone()[0]
+
+
+def test_all_tables_non_empty_with_registry_schema(staged):
+    out, report = staged
+    import pyarrow.parquet as pq
+    assert set(report.rows) == set(TABLES)
+    for name in TABLES:
+        assert report.rows[name] > 0, name
+        assert pq.read_schema(staged_path(out, name)).remove_metadata().equals(table(name).arrow_schema), name
+
+
+@pytest.mark.parametrize("fk", FOREIGN_KEYS, ids=lambda fk: fk.name)
+def test_foreign_keys_hold(con, fk):
+    on = " AND ".join(f"c.{a} = p.{b}" for a, b in zip(fk.columns, fk.ref_columns))
+    not_null = " AND ".join(f"c.{a} IS NOT NULL" for a in fk.columns)
+    assert count(con, f"SELECT 1 FROM {fk.table} c ANTI JOIN {fk.ref_table} p ON {on} WHERE {not_null}") == 0
+
+
+@pytest.mark.parametrize("name", [n for n, t in TABLES.items() if t.key])
+def test_unique_keys(con, name):
+    key = ", ".join(TABLES[name].key)
+    assert count(con, f"SELECT {key} FROM {name} GROUP BY ALL HAVING count(*) > 1") == 0
+
+
+@pytest.mark.parametrize("child,time_col,parent", EVENT_TIMES)
+def test_events_inside_their_stay(con, child, time_col, parent):
+    key, start, end = WINDOWS[parent]
+    assert count(con, f"SELECT c.{time_col} FROM {child} c WHERE c.{time_col} IS NULL") == 0
+    assert count(con, f"SELECT 1 FROM {child} c JOIN {parent} p USING ({key}) "
+                      f"WHERE c.{time_col} < p.{start} OR c.{time_col} > p.{end}") == 0
+
+
+def test_admission_and_death_ordering(con):
+    assert count(con, "SELECT 1 FROM admissions WHERE dischtime <= admittime") == 0
+    assert count(con, "SELECT 1 FROM admissions WHERE (deathtime IS NOT NULL) <> (hospital_expire_flag = 1)") == 0
+    assert count(con, "SELECT 1 FROM admissions WHERE deathtime IS NOT NULL AND deathtime <> dischtime") == 0
+    assert count(con, "SELECT 1 FROM admissions a JOIN patients p USING (subject_id) "
+                      "WHERE a.deathtime IS NOT NULL AND (p.dod IS NULL OR p.dod < CAST(a.deathtime AS DATE))") == 0
+    assert count(con, "SELECT 1 FROM admissions a JOIN patients p USING (subject_id) "
+                      "WHERE p.dod < CAST(a.dischtime AS DATE)") == 0
+    assert count(con, "SELECT 1 FROM icustays i JOIN admissions a USING (hadm_id) "
+                      "WHERE i.intime < a.admittime OR i.outtime > a.dischtime OR i.outtime <= i.intime") == 0
+    assert count(con, "SELECT 1 FROM transfers WHERE outtime < intime") == 0
+
+
+def test_icu_los_is_fractional_days(con):
+    assert count(con, "SELECT 1 FROM icustays WHERE abs(los - epoch(outtime - intime) / 86400.0) > 1e-9") == 0
+    assert count(con, "SELECT 1 FROM icustays WHERE los <> round(los)") > 0
+
+
+def test_lab_flags_match_reference_ranges(con):
+    assert count(con, "SELECT 1 FROM labevents WHERE valuenum IS NULL OR ref_range_lower IS NULL") == 0
+    assert count(con, "SELECT 1 FROM labevents WHERE coalesce(flag = 'abnormal', false) <> "
+                      "(valuenum < ref_range_lower OR valuenum > ref_range_upper)") == 0
+    assert count(con, "SELECT 1 FROM labevents WHERE flag IS NOT NULL AND flag <> 'abnormal'") == 0
+    abnormal = con.execute("SELECT avg((flag IS NOT NULL)::INT) FROM labevents").fetchone()[0]
+    assert 0.1 < abnormal < 0.6
+    # a panel drawn together shares specimen_id and charttime
+    assert count(con, "SELECT specimen_id FROM labevents GROUP BY 1 HAVING count(DISTINCT charttime) > 1 "
+                      "OR count(DISTINCT hadm_id) > 1") == 0
+
+
+@pytest.mark.parametrize("name", ["labevents", "chartevents"])
+def test_value_text_matches_valuenum(con, name):
+    numeric = "" if name == "labevents" else "AND itemid NOT IN (220739, 223900, 223901)"
+    assert count(con, f"SELECT 1 FROM {name} WHERE valuenum IS NULL OR value IS NULL OR "
+                      f"(TRY_CAST(value AS DOUBLE) IS DISTINCT FROM valuenum {numeric})") == 0
+
+
+def test_chart_units_are_the_d_items_units(con):
+    assert count(con, "SELECT 1 FROM chartevents c JOIN d_items d USING (itemid) "
+                      "WHERE c.valueuom IS DISTINCT FROM d.unitname") == 0
+
+
+def test_dictionaries_cover_every_used_code(con):
+    for child, ref_table in (("labevents", "d_labitems"), ("chartevents", "d_items"), ("inputevents", "d_items"),
+                             ("outputevents", "d_items"), ("datetimeevents", "d_items")):
+        assert count(con, f"SELECT itemid FROM {child} EXCEPT SELECT itemid FROM {ref_table}") == 0
+
+
+def test_population_has_material(con):
+    per_patient = con.execute("SELECT avg((n >= 2)::INT) FROM (SELECT count(*) n FROM admissions GROUP BY subject_id)").fetchone()[0]
+    assert per_patient > 0.4
+    readmit = count(con, "SELECT 1 FROM (SELECT admittime - lag(dischtime) OVER (PARTITION BY subject_id "
+                         "ORDER BY admittime) gap FROM admissions) WHERE gap <= INTERVAL 30 DAY")
+    assert readmit > 50
+    icu_share = con.execute("SELECT avg((hadm_id IN (SELECT hadm_id FROM icustays))::INT) FROM admissions").fetchone()[0]
+    assert 0.25 < icu_share < 0.55
+    # comorbidity patterns: hypertensive CKD and sepsis with AKI both occur
+    assert count(con, "SELECT 1 FROM diagnoses_icd WHERE icd_code IN ('40390', 'I129')") > 20
+    assert count(con, "SELECT hadm_id FROM diagnoses_icd GROUP BY 1 HAVING bool_or(icd_code IN ('0389','A419')) "
+                      "AND bool_or(icd_code IN ('5849','N179'))") > 10
+    assert count(con, "SELECT 1 FROM patients WHERE subject_id < 10000000") == 0
+    assert count(con, "SELECT 1 FROM admissions WHERE year(admittime) NOT BETWEEN 2110 AND 2210") == 0
+    assert count(con, "SELECT 1 FROM emar WHERE emar_id <> subject_id || '-' || emar_seq") == 0
+    assert count(con, "SELECT 1 FROM provider WHERE NOT regexp_full_match(provider_id, 'P[0-9A-Z]{5}')") == 0
+
+
+def _digests(directory) -> dict[str, str]:
+    return {n: hashlib.sha256(staged_path(directory, n).read_bytes()).hexdigest() for n in TABLES}
+
+
+def test_same_seed_same_bytes_other_seed_other_data(staged, tmp_path):
+    out, _ = staged
+    stage(make_source("synthetic", patients=PATIENTS, seed=7), tmp_path / "again")
+    assert _digests(tmp_path / "again") == _digests(out)
+    stage(make_source("synthetic", patients=200, seed=8), tmp_path / "other")
+    stage(make_source("synthetic", patients=200, seed=9), tmp_path / "other2")
+    other, other2 = _digests(tmp_path / "other"), _digests(tmp_path / "other2")
+    assert all(other[n] != other2[n] for n in ("patients", "admissions", "labevents", "chartevents"))
+
+
+def test_small_chunks_give_valid_output(tmp_path):
+    report = stage(SyntheticSource(patients=250, seed=3, chunk_size=60), tmp_path)
+    assert report.rows["patients"] == 250
+    c = duckdb.connect()
+    for name in TABLES:
+        c.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{staged_path(tmp_path, name).as_posix()}')")
+    for name in (n for n, t in TABLES.items() if t.key):
+        key = ", ".join(TABLES[name].key)
+        assert count(c, f"SELECT {key} FROM {name} GROUP BY ALL HAVING count(*) > 1") == 0, name
+    for fk in FOREIGN_KEYS:
+        on = " AND ".join(f"x.{a} = p.{b}" for a, b in zip(fk.columns, fk.ref_columns))
+        assert count(c, f"SELECT 1 FROM {fk.table} x ANTI JOIN {fk.ref_table} p ON {on} "
+                        f"WHERE x.{fk.columns[0]} IS NOT NULL") == 0, fk.name
