@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from pipeline.questions.cli import questions_command
 from pipeline.sources import DEFAULT_SYNTHETIC_PATIENTS, SOURCE_KINDS, make_source
 from pipeline.staging import StagingError, stage
 
@@ -77,6 +78,9 @@ def verify_demo_command(path):
         click.echo(f"MISMATCH: {rel}")
     if not report.valid:
         sys.exit(1)
+
+
+main.add_command(questions_command, "questions")
 
 
 @main.command("check")

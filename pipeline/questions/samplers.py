@@ -146,7 +146,7 @@ def entity(con, rng, given, *, source: str, patient: str | None = None, scope: s
         SELECT {key_col}{src.entity} AS v FROM {src.from_sql} WHERE {' AND '.join(where)}
         GROUP BY ALL HAVING count(*) >= {int(min_count)}
            AND count(DISTINCT e.subject_id) >= {int(min_patients if patient is None else 1)}
-        ORDER BY ALL""", [keys] if keys else None)
+        ORDER BY ALL""", [keys] if patient is not None else None)
     return _pick(rng, given, rows, patient)
 
 

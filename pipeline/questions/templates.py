@@ -225,6 +225,9 @@ def _check_noise(noise, names: set[str], fail) -> None:
         fail(f"noise needs evidence_table and operators; allowed keys {list(_NOISE_KEYS)}; unknown {unknown}")
     if noise["evidence_table"] not in TABLES:
         fail(f"noise.evidence_table {noise['evidence_table']!r} is not a MIMIC-IV table")
+    for key in ("value_column", "time_column"):
+        if noise.get(key) is not None and not TABLES[noise["evidence_table"]].has(noise[key]):
+            fail(f"noise.{key} {noise[key]!r} is not a column of {noise['evidence_table']}")
     bad_ops = [o for o in noise["operators"] or [] if o not in OPERATORS]
     if not noise["operators"] or bad_ops:
         fail(f"noise.operators must be a non-empty list of known operators; unknown: {bad_ops}")
