@@ -131,9 +131,18 @@ def check_evidence(con: duckdb.DuckDBPyConnection, evidence: dict[int, list[tupl
     """Reason per rejected candidate (``{cand: reason}``); candidates absent from the result are clean.
     ``evidence`` maps a candidate number to its ``(table_name, _rid)`` rows."""
     rejected = {c: "no_evidence" for c, rows in evidence.items() if not rows}
+    for c, reasons in evidence_violations(con, evidence, present).items():
+        rejected[c] = min(reasons, key=REASONS.index)
+    return rejected
+
+
+def evidence_violations(con: duckdb.DuckDBPyConnection, evidence: dict[int, list[tuple[str, int]]],
+                        present: set[str], reasons: set[str] | None = None) -> dict[int, set[str]]:
+    """Every reason that fires for each candidate's evidence rows; with ``reasons``, only the checks
+    that can report one of them run (a noise detector asks for its own reason only)."""
     rows = [(c, t, r) for c, ev in evidence.items() for t, r in ev]
     if not rows:
-        return rejected
+        return {}
     unknown = sorted({t for _, t, _ in rows} - set(RULES) - present)
     if unknown:
         raise ValueError(f"evidence names table(s) {unknown} that are not staged")
@@ -146,7 +155,11 @@ def check_evidence(con: duckdb.DuckDBPyConnection, evidence: dict[int, list[tupl
             rule = RULES.get(table)
             if rule is None:
                 continue
-            body = "\nUNION ALL\n".join(_checks(table, rule, present))
+            checks = [sql for sql in _checks(table, rule, present)
+                      if reasons is None or any(f"'{r}'" in sql for r in reasons)]
+            if not checks:
+                continue
+            body = "\nUNION ALL\n".join(checks)
             hits = con.execute(f"""
                 WITH e AS MATERIALIZED (SELECT ev.cand, t.* FROM _ev ev JOIN {table} t ON t._rid = ev._rid
                                          WHERE ev.table_name = '{table}')
@@ -155,6 +168,4 @@ def check_evidence(con: duckdb.DuckDBPyConnection, evidence: dict[int, list[tupl
                 found.setdefault(c, set()).add(reason)
     finally:
         con.unregister("_ev")
-    for c, reasons in found.items():
-        rejected[c] = min(reasons, key=REASONS.index)
-    return rejected
+    return found

@@ -73,7 +73,7 @@ def open_staged(staged_dir: str | os.PathLike) -> tuple[duckdb.DuckDBPyConnectio
     for name in TABLES:
         path = staged_path(staged_dir, name)
         if path.is_file():
-            kind = "TABLE" if name.startswith("d_") else "VIEW"
+            kind = "TABLE"
             con.execute(f"CREATE {kind} {name} AS SELECT * FROM read_parquet('{_quote(path)}')")
             present.add(name)
     if not present:

@@ -61,6 +61,23 @@ SOURCES: dict[str, Source] = {
     "specimen": Source(("microbiologyevents",), "microbiologyevents e", "e.spec_type_desc"),
     "positive_specimen": Source(("microbiologyevents",), "microbiologyevents e", "e.spec_type_desc",
                                 "e.org_name IS NOT NULL"),
+    # labs drawn during an ICU stay (with that stay's stay_id, so ICU scopes apply)
+    "lab_icu": Source(("labevents", "d_labitems", "icustays"),
+                      "(SELECT l.*, i.stay_id FROM labevents l JOIN icustays i ON i.subject_id = l.subject_id "
+                      "AND l.charttime BETWEEN i.intime AND i.outtime) e JOIN d_labitems d ON d.itemid = e.itemid",
+                      "d.label", "d.fluid = 'Blood' AND d.label IN (SELECT label FROM d_labitems "
+                      "WHERE fluid = 'Blood' GROUP BY label HAVING count(*) = 1)", "e.valuenum"),
+    "resistant_organism": Source(("microbiologyevents",), "microbiologyevents e", "e.org_name",
+                                 "e.interpretation = 'R'"),
+    # ICU procedures charted with a duration (lines, ventilation, dialysis), for duration questions
+    "icu_procedure_timed": Source(("procedureevents", "d_items"),
+                                  "procedureevents e JOIN d_items d ON d.itemid = e.itemid", "d.label",
+                                  _D_ITEMS_UNIQUE + " AND e.valueuom IN ('min', 'hour', 'day')", "e.value"),
+    # diagnoses with their admission's admittime (diagnoses_icd has no time), for event_year
+    "diagnosis_admission": Source(("diagnoses_icd", "d_icd_diagnoses", "admissions"),
+                                  "(SELECT x.*, a.admittime FROM diagnoses_icd x JOIN admissions a "
+                                  "ON a.hadm_id = x.hadm_id) e JOIN d_icd_diagnoses d "
+                                  "ON d.icd_code = e.icd_code AND d.icd_version = e.icd_version", "d.long_title"),
 }
 
 _FIRST_LAST = "QUALIFY row_number() OVER (PARTITION BY subject_id ORDER BY {t} {d}, {k} {d}) = 1"
@@ -191,10 +208,54 @@ def year(con, rng, given, *, patient: str | None = None, min_admissions: int = 1
     return _pick(rng, given, rows, patient)
 
 
+_EVENT_TIME: dict[str, str] = {
+    "lab": "e.charttime", "lab_icu": "e.charttime", "chart": "e.charttime", "output": "e.charttime",
+    "input": "e.starttime", "datetime": "e.charttime", "icu_procedure": "e.starttime",
+    "drug": "e.starttime", "emar": "e.charttime", "organism": "e.charttime", "specimen": "e.charttime",
+    "positive_specimen": "e.charttime", "resistant_organism": "e.charttime",
+    "icd_procedure": "e.chartdate", "icu_procedure_timed": "e.starttime",
+    "careunit": "e.intime", "diagnosis_admission": "e.admittime",
+}
+"""The event time of each source, for :func:`event_year`."""
+
+
+def event_year(con, rng, given, *, source: str = "lab", item: str | None = None, patient: str | None = None,
+               min_patients: int = 1) -> list:
+    """A calendar year in which ``source`` events occurred -- of the ``item`` slot's entity and/or the
+    ``patient`` slot's patient, when given -- so absolute-year questions have evidence; population
+    draws need ``min_patients`` distinct patients with such events that year."""
+    src = SOURCES[source]
+    time = _EVENT_TIME[source]
+    keys = [k for k in (patient, item) if k is not None]
+    cols, where, params = [], [src.where, f"{time} IS NOT NULL"], []
+    if patient is not None:
+        cols.append("e.subject_id")
+        where.append("e.subject_id IN (SELECT unnest(?))")
+        params.append(sorted({c[patient] for c in given}))
+    if item is not None:
+        cols.append(src.entity)
+        where.append(f"{src.entity} IN (SELECT unnest(?))")
+        params.append(sorted({c[item] for c in given}))
+    rows = _pool(con, f"""
+        SELECT {', '.join(cols + [f'CAST(year({time}) AS INTEGER)'])} FROM {src.from_sql}
+        WHERE {' AND '.join(where)} GROUP BY ALL
+        HAVING count(DISTINCT e.subject_id) >= {int(min_patients if patient is None else 1)}
+        ORDER BY ALL""", params)
+    options: dict = {}
+    for r in rows:
+        options.setdefault(tuple(r[:-1]), []).append(r[-1])
+    out = []
+    for cand in given:
+        opts = options.get(tuple(cand[k] for k in keys))
+        out.append(opts[int(rng.integers(len(opts)))] if opts else None)
+    return out
+
+
 register("patient", patient, source="admission")
 register("threshold", threshold, refs=("item",), source="lab")
 register("choice", choice)
 register("year", year, refs=("patient",), source="admission")
+register("event_year", event_year, refs=("patient", "item"), source="lab")
 _ENTITY_SAMPLERS = {
     "admission": "admission", "icu_stay": "icu_stay", "careunit": "careunit",
     "admission_type": "admission_type", "lab_item": "lab", "chart_item": "chart",
@@ -203,6 +264,8 @@ _ENTITY_SAMPLERS = {
     "diagnosis": "diagnosis", "icd_procedure": "icd_procedure", "hcpcs": "hcpcs",
     "organism": "organism", "specimen": "specimen",
     "positive_specimen": "positive_specimen",
+    "lab_item_icu": "lab_icu", "resistant_organism": "resistant_organism",
+    "icu_procedure_timed": "icu_procedure_timed",
 }
 
 
