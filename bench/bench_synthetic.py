@@ -41,7 +41,8 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         report = stage(make_source("synthetic", patients=args.patients, seed=args.seed), tmp)
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    peak_mb, cpu_s = usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
     demo = demo_rows_per_patient(args.demo) if args.demo.is_dir() else {}
     print(f"{'table':<20} {'rows':>12} {'rows/patient':>13} {'demo rows/patient':>18}")
     for name in sorted(report.rows):
@@ -50,6 +51,8 @@ def main() -> None:
         print(f"{name:<20} {report.rows[name]:>12,} {per:>13.1f} {ref:>18}")
     print(f"\npatients {args.patients:,}: {report.total_rows:,} rows in {report.seconds:.1f} s = "
           f"{report.total_rows / report.seconds:,.0f} rows/s; peak RSS {peak_mb:,.0f} MB")
+    # on a shared machine wall time depends on the neighbours; CPU time does not
+    print(f"process CPU {cpu_s:.1f} s = {report.total_rows / cpu_s:,.0f} rows per CPU-second")
 
 
 if __name__ == "__main__":

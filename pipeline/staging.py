@@ -4,13 +4,21 @@ A :class:`TableSink` receives Arrow data table by table (the CSV sources) or chu
 across tables (the synthetic generator), casts it to the registry's schema, numbers rows and
 writes zstd Parquet under temporary names. Only :meth:`TableSink.commit` renames them into
 place, so a failed run leaves no partial ``<table>.parquet`` behind.
+
+Casting, encoding and compressing run on a small thread pool (pyarrow releases the GIL), so a
+source keeps producing while earlier data is written. Each table's writes still run one at a
+time in submission order, so the files are byte-identical whatever the timing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
+from collections import deque
 from collections.abc import Collection, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -21,7 +29,10 @@ import pyarrow.parquet as pq
 
 from pipeline.schema import ROW_ID, TABLES, table
 
-PARQUET_OPTIONS = dict(compression="zstd", compression_level=3, row_group_size=1 << 20)
+PARQUET_OPTIONS = dict(compression="zstd", compression_level=3, row_group_size=1 << 20,
+                       dictionary_pagesize_limit=1 << 16)  # high-cardinality text falls back to plain early
+IN_FLIGHT_BYTES = 128 << 20
+"""Data handed to the writer threads but not yet written; a source that runs ahead waits."""
 
 
 class StagingError(RuntimeError):
@@ -54,21 +65,71 @@ class StageReport:
         return "\n".join(lines)
 
 
+class _Budget:
+    """Bounds the bytes queued for writing, so a fast source cannot pile up memory."""
+
+    def __init__(self, limit: int):
+        self.limit, self.used = limit, 0
+        self.cond = threading.Condition()
+
+    def take(self, n: int) -> None:
+        with self.cond:
+            self.cond.wait_for(lambda: self.used == 0 or self.used + n <= self.limit)
+            self.used += n
+
+    def give(self, n: int) -> None:
+        with self.cond:
+            self.used -= n
+            self.cond.notify_all()
+
+
 class _TableWriter:
-    def __init__(self, table_name: str, final: Path):
+    """One table's Parquet file; its queued writes are drained by one pool thread at a time."""
+
+    def __init__(self, table_name: str, final: Path, pool: ThreadPoolExecutor, budget: _Budget):
+        self.name = table_name
         self.schema = table(table_name).arrow_schema
         self.final = final
         self.tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
         self.writer = pq.ParquetWriter(self.tmp, self.schema, **_writer_options())
         self.rows = 0
+        self.error: BaseException | None = None
+        self._pool, self._budget = pool, budget
+        self._queue: deque[tuple[pa.Table, int, int]] = deque()
+        self._lock = threading.Lock()
+        self._draining = False
 
-    def write(self, data: pa.Table | pa.RecordBatch) -> None:
-        n = data.num_rows
-        rid = pa.array(np.arange(self.rows, self.rows + n, dtype=np.int64))
-        columns = list(data.columns) + [rid]
-        batch = pa.Table.from_arrays(columns, schema=self.schema)
+    def submit(self, data: pa.Table) -> None:
+        size = data.nbytes
+        self._budget.take(size)
+        with self._lock:
+            self._queue.append((data, self.rows, size))
+            self.rows += data.num_rows
+            if self._draining:
+                return
+            self._draining = True
+        self._pool.submit(self._drain)
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._draining = False
+                    return
+                data, first_row, size = self._queue.popleft()
+            try:
+                if self.error is None:
+                    self._write(data, first_row)
+            except BaseException as exc:  # surfaced by TableSink.write/commit
+                self.error = exc
+            finally:
+                self._budget.give(size)
+
+    def _write(self, data: pa.Table, first_row: int) -> None:
+        data = _cast(self.name, data)
+        rid = pa.array(np.arange(first_row, first_row + data.num_rows, dtype=np.int64))
+        batch = pa.Table.from_arrays(list(data.columns) + [rid], schema=self.schema)
         self.writer.write_table(batch, row_group_size=PARQUET_OPTIONS["row_group_size"])
-        self.rows += n
 
 
 def _writer_options() -> dict:
@@ -82,18 +143,23 @@ class TableSink:
         self.out_dir = Path(out_dir)
         self.tables = tuple(tables)
         self._writers: dict[str, _TableWriter] = {}
+        self._open = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="parquet")
+        self._budget = _Budget(IN_FLIGHT_BYTES)
         self.skipped: dict[str, str] = {}
 
     def write(self, table_name: str, data: pa.Table | pa.RecordBatch) -> None:
         """Append rows of ``table_name``; they are cast to the registry's types by name."""
         if table_name not in self.tables:
             return
-        writer = self._writers.get(table_name)
-        if writer is None:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            writer = self._writers[table_name] = _TableWriter(
-                table_name, staged_path(self.out_dir, table_name))
-        writer.write(conform(table_name, data))
+        self._raise_failed()
+        with self._open:
+            writer = self._writers.get(table_name)
+            if writer is None:
+                self.out_dir.mkdir(parents=True, exist_ok=True)
+                writer = self._writers[table_name] = _TableWriter(
+                    table_name, staged_path(self.out_dir, table_name), self._pool, self._budget)
+        writer.submit(_select(table_name, data))
 
     def skip(self, table_name: str, reason: str) -> None:
         if table_name in self.tables:
@@ -103,6 +169,8 @@ class TableSink:
         for name in self.tables:
             if name not in self._writers and name not in self.skipped:
                 self.write(name, pa.Table.from_pylist([], schema=_data_schema(name)))
+        self._pool.shutdown(wait=True)
+        self._raise_failed()
         for w in self._writers.values():
             w.writer.close()
         for w in self._writers.values():
@@ -110,11 +178,17 @@ class TableSink:
         return {name: w.rows for name, w in self._writers.items()}
 
     def abort(self) -> None:
+        """Stop writing and delete every temporary file (a writer broken by the failure must not stop that)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
         for w in self._writers.values():
-            try:
+            with contextlib.suppress(Exception):
                 w.writer.close()
-            finally:
-                w.tmp.unlink(missing_ok=True)
+            w.tmp.unlink(missing_ok=True)
+
+    def _raise_failed(self) -> None:
+        for w in list(self._writers.values()):
+            if w.error is not None:
+                raise w.error
 
 
 def _data_schema(table_name: str) -> pa.Schema:
@@ -124,6 +198,11 @@ def _data_schema(table_name: str) -> pa.Schema:
 
 def conform(table_name: str, data: pa.Table | pa.RecordBatch) -> pa.Table:
     """Select and cast ``data`` to the registry's columns of ``table_name``, in order."""
+    return _cast(table_name, _select(table_name, data))
+
+
+def _select(table_name: str, data: pa.Table | pa.RecordBatch) -> pa.Table:
+    """The registry's columns of ``table_name`` in order; a missing or extra column fails here, at once."""
     if isinstance(data, pa.RecordBatch):
         data = pa.Table.from_batches([data])
     expected = _data_schema(table_name)
@@ -134,7 +213,11 @@ def conform(table_name: str, data: pa.Table | pa.RecordBatch) -> pa.Table:
             f"table {table_name}: columns do not match the MIMIC-IV v2.2 registry"
             + (f"; missing {missing}" if missing else "")
             + (f"; unexpected {extra}" if extra else ""))
-    data = data.select(expected.names)
+    return data.select(expected.names)
+
+
+def _cast(table_name: str, data: pa.Table) -> pa.Table:
+    expected = _data_schema(table_name)
     if data.schema.equals(expected):
         return data
     try:

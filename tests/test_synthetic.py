@@ -5,12 +5,13 @@ from __future__ import annotations
 import hashlib
 
 import duckdb
+import pyarrow as pa
 import pytest
 
 from pipeline.schema import EVENT_TIMES, FOREIGN_KEYS, TABLES, table
 from pipeline.sources import make_source
 from pipeline.sources.synthetic import SyntheticSource
-from pipeline.staging import stage, staged_path
+from pipeline.staging import StagingError, stage, staged_path
 
 PATIENTS = 1000
 WINDOWS = {"icustays": ("stay_id", "intime", "outtime"), "admissions": ("hadm_id", "admittime", "dischtime")}
@@ -111,7 +112,8 @@ def test_chart_units_are_the_d_items_units(con):
 
 def test_dictionaries_cover_every_used_code(con):
     for child, ref_table in (("labevents", "d_labitems"), ("chartevents", "d_items"), ("inputevents", "d_items"),
-                             ("outputevents", "d_items"), ("datetimeevents", "d_items")):
+                             ("outputevents", "d_items"), ("datetimeevents", "d_items"), ("procedureevents", "d_items"),
+                             ("ingredientevents", "d_items")):
         assert count(con, f"SELECT itemid FROM {child} EXCEPT SELECT itemid FROM {ref_table}") == 0
 
 
@@ -131,6 +133,71 @@ def test_population_has_material(con):
     assert count(con, "SELECT 1 FROM admissions WHERE year(admittime) NOT BETWEEN 2110 AND 2210") == 0
     assert count(con, "SELECT 1 FROM emar WHERE emar_id <> subject_id || '-' || emar_seq") == 0
     assert count(con, "SELECT 1 FROM provider WHERE NOT regexp_full_match(provider_id, 'P[0-9A-Z]{5}')") == 0
+
+
+def test_emar_detail_has_a_parent_and_product_rows_per_administration(con):
+    assert count(con, "SELECT emar_id FROM emar_detail GROUP BY 1 HAVING count(*) FILTER (parent_field_ordinal IS NULL) <> 1 "
+                      "OR count(*) FILTER (parent_field_ordinal IS NOT NULL) < 1") == 0
+    assert count(con, "SELECT emar_id FROM emar EXCEPT SELECT emar_id FROM emar_detail") == 0
+    assert count(con, "SELECT 1 FROM emar_detail d JOIN emar e USING (emar_id) WHERE d.parent_field_ordinal IS NOT NULL "
+                      "AND d.pharmacy_id IS DISTINCT FROM e.pharmacy_id") == 0
+    assert count(con, "SELECT 1 FROM emar_detail WHERE parent_field_ordinal IS NULL AND (dose_due IS NULL "
+                      "OR administration_type IS NULL OR product_code IS NOT NULL)") == 0
+
+
+@pytest.mark.parametrize("name", ["procedureevents", "inputevents", "ingredientevents"])
+def test_intervals_end_inside_their_stay(con, name):
+    assert count(con, f"SELECT 1 FROM {name} x JOIN icustays i USING (stay_id) "
+                      "WHERE x.endtime < x.starttime OR x.endtime > i.outtime OR x.storetime < x.endtime") == 0
+
+
+def test_icu_orders_are_unique_and_ingredients_belong_to_inputs(con):
+    assert count(con, "SELECT orderid FROM (SELECT orderid FROM inputevents UNION ALL SELECT orderid FROM procedureevents) "
+                      "GROUP BY 1 HAVING count(*) > 1") == 0
+    assert count(con, "SELECT orderid FROM ingredientevents EXCEPT SELECT orderid FROM inputevents") == 0
+    assert count(con, "SELECT 1 FROM inputevents WHERE amount <= 0 OR amount IS NULL") == 0
+    assert count(con, "SELECT 1 FROM inputevents WHERE (rate IS NULL) <> (rateuom IS NULL)") == 0
+
+
+def test_icu_material_beyond_vitals(con):
+    used = {r[0] for r in con.execute("SELECT DISTINCT itemid FROM inputevents UNION SELECT DISTINCT itemid "
+                                      "FROM procedureevents UNION SELECT DISTINCT itemid FROM chartevents").fetchall()}
+    expected = {225798, 225851, 225893, 226452, 225828,  # antibiotics, PO intake, LR bolus
+                225792, 227194, 225459, 225402, 224264,  # ventilation, extubation, chest X-ray, EKG, PICC
+                223835, 220339, 224684, 224688}          # FiO2 and ventilator settings
+    assert expected <= used, expected - used
+    assert count(con, "SELECT 1 FROM procedureevents WHERE ordercategorydescription = 'Task' "
+                      "AND (value <> 1 OR endtime <> starttime + INTERVAL 1 MINUTE)") == 0
+    assert count(con, "SELECT 1 FROM procedureevents WHERE ordercategorydescription = 'ContinuousProcess' "
+                      "AND value <> epoch(endtime - starttime) / 60") == 0
+    assert count(con, "SELECT 1 FROM procedureevents WHERE (location IS NULL) <> "
+                      "(ordercategorydescription = 'Task' OR itemid = 225792)") == 0
+
+
+def test_ventilator_settings_only_on_the_ventilator(con):
+    bounds = {223835: (21, 100), 220339: (0, 24), 224684: (250, 800), 224688: (8, 35)}
+    for itemid, (lo, hi) in bounds.items():
+        assert count(con, f"SELECT 1 FROM chartevents WHERE itemid = {itemid} AND valuenum NOT BETWEEN {lo} AND {hi}") == 0
+    assert count(con, "SELECT 1 FROM chartevents c WHERE itemid IN (223835, 220339, 224684, 224688) AND NOT EXISTS "
+                      "(SELECT 1 FROM procedureevents p WHERE p.itemid = 225792 AND p.stay_id = c.stay_id "
+                      "AND c.charttime BETWEEN p.starttime AND p.endtime)") == 0
+
+
+def test_datetime_values_are_not_after_their_charting(con):
+    assert count(con, "SELECT 1 FROM datetimeevents WHERE value > charttime") == 0
+    assert count(con, "SELECT 1 FROM datetimeevents d JOIN icustays i USING (stay_id) "
+                      "WHERE d.value < date_trunc('day', i.intime)") == 0
+
+
+def test_no_outpatient_visits_after_death(con):
+    assert count(con, "SELECT 1 FROM omr o JOIN patients p USING (subject_id) WHERE o.chartdate > p.dod") == 0
+
+
+def test_poe_detail_fields_follow_their_orders(con):
+    assert count(con, "SELECT 1 FROM poe_detail d JOIN poe p USING (poe_id) WHERE "
+                      "(d.field_name = 'Transfer to') <> (p.order_subtype = 'Transfer') OR "
+                      "(d.field_name IN ('Admit to', 'Admit category')) <> (p.order_subtype = 'Admit')") == 0
+    assert count(con, "SELECT poe_id FROM poe_detail GROUP BY poe_id, field_name HAVING count(*) > 1") == 0
 
 
 def _digests(directory) -> dict[str, str]:
@@ -160,3 +227,17 @@ def test_small_chunks_give_valid_output(tmp_path):
         on = " AND ".join(f"x.{a} = p.{b}" for a, b in zip(fk.columns, fk.ref_columns))
         assert count(c, f"SELECT 1 FROM {fk.table} x ANTI JOIN {fk.ref_table} p ON {on} "
                         f"WHERE x.{fk.columns[0]} IS NOT NULL") == 0, fk.name
+
+
+class _BadRowAtTheEnd(SyntheticSource):
+    """Stages real chunks (queued on the writer threads), then a row that cannot be cast."""
+
+    def emit(self, sink):
+        super().emit(sink)
+        sink.write("patients", pa.table({c: ["not a number"] for c in table("patients").column_names}))
+
+
+def test_a_failed_run_leaves_no_files_behind(tmp_path):
+    with pytest.raises(StagingError, match="patients: cannot cast"):
+        stage(_BadRowAtTheEnd(patients=300, seed=1, chunk_size=100), tmp_path)
+    assert list(tmp_path.iterdir()) == []

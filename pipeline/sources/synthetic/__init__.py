@@ -8,14 +8,14 @@ run across chunks so keys stay unique; dictionaries, providers and caregivers ar
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.sources.synthetic import cohort, hospital, icu, medications
+from pipeline.sources.synthetic import cohort, devices, hospital, icu, medications
 from pipeline.sources.synthetic import reference as ref
-from pipeline.sources.synthetic.arrays import labels
 from pipeline.staging import TableSink
 
 PROVIDERS = 5_000
@@ -88,7 +88,7 @@ def _chunk(rng, n: int, k: _Counters, providers, caregivers):
     k.patient += n
     k.admission += len(c.patient)
     k.stay += len(c.stay_id)
-    yield "patients", cohort.patients(rng, c)
+    yield "patients", cohort.patients(c)
     yield "admissions", cohort.admissions(rng, c, providers)
     transfers, n_transfers = cohort.transfers(rng, c, k.transfer)
     k.transfer += n_transfers
@@ -113,17 +113,19 @@ def _chunk(rng, n: int, k: _Counters, providers, caregivers):
     meds, n_orders = medications.emit(rng, c, providers, lab_draws, k.pharmacy)
     k.pharmacy += n_orders
     yield from meds.items()
-    yield "chartevents", icu.chartevents(rng, c, caregivers)
-    placed = icu.lines(rng, c)
-    procedures, n_proc = icu.procedureevents(rng, c, caregivers, placed, k.icu_order)
+    placed = devices.place(rng, c)
+    ventilated = placed.of(devices.VENTILATION)
+    yield "chartevents", icu.chartevents(rng, c, caregivers, ventilated)
+    procedures, n_proc = devices.procedureevents(rng, c, caregivers, placed, k.icu_order)
     k.icu_order += n_proc
     yield "procedureevents", procedures
-    yield "datetimeevents", icu.datetimeevents(rng, c, caregivers, placed)
-    yield "outputevents", icu.outputevents(rng, c, caregivers, placed)
-    inputs, ingredients, n_inputs = icu.infusions(rng, c, caregivers, k.icu_order)
-    k.icu_order += n_inputs
-    yield "inputevents", inputs
-    yield "ingredientevents", ingredients
+    yield "datetimeevents", devices.datetimeevents(rng, c, caregivers, placed)
+    yield "outputevents", icu.outputevents(rng, c, caregivers, placed.of(devices.FOLEY))
+    for make in (icu.infusions, partial(icu.boluses, ventilated_stays=ventilated[0])):
+        inputs, ingredients, n_inputs = make(rng, c, caregivers, first_order=k.icu_order)
+        k.icu_order += n_inputs
+        yield "inputevents", inputs
+        yield "ingredientevents", ingredients
 
 
 def _draw_times(labs: pa.Table, c: cohort.Cohort) -> tuple[np.ndarray, np.ndarray]:

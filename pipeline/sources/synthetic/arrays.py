@@ -75,12 +75,17 @@ def dates(t: np.ndarray) -> pa.Array:
     return pa.array((np.asarray(t, dtype=np.int64) // US_PER_DAY).astype(np.int32), type=pa.date32())
 
 
-def labels(values, index: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
-    """``values[index]`` as an Arrow string column (NULL where ``valid`` is False)."""
-    out = pa.array(list(values), type=pa.string()).take(pa.array(np.asarray(index, dtype=np.int64)))
+def labels(values, index: np.ndarray, valid: np.ndarray | None = None) -> pa.DictionaryArray:
+    """``values[index]`` as a dictionary-encoded string column (NULL where ``valid`` is False).
+
+    Building it costs no string copies; staging decodes it to plain text on its writer threads.
+    """
+    index = np.asarray(index, dtype=np.int32)
     if valid is not None:
-        out = pc.if_else(pa.array(valid), out, pa.scalar(None, pa.string()))
-    return out
+        valid = np.asarray(valid, dtype=bool)
+        index = np.where(valid, index, 0)
+    indices = pa.array(index, mask=None if valid is None else ~valid)
+    return pa.DictionaryArray.from_arrays(indices, pa.array(list(values), type=pa.string()))
 
 
 def joined_ids(left: np.ndarray, right: np.ndarray) -> pa.Array:
@@ -94,25 +99,34 @@ def round_to(x: np.ndarray, decimals: np.ndarray | int) -> np.ndarray:
     return np.round(np.asarray(x) * scale) / scale
 
 
-def decimal_text(x: np.ndarray, decimals: np.ndarray | int) -> pa.Array:
-    """``x`` formatted with a fixed number of decimals per row ("1.0", "138", "7.38", "-3")."""
+def decimal_text(x: np.ndarray, decimals: np.ndarray | int) -> pa.DictionaryArray:
+    """``x`` formatted with a fixed number of decimals per row ("1.0", "138", "7.38", "-3").
+
+    Only the distinct (value, decimals) pairs are formatted - measurements repeat a lot - and
+    rows index into them, so the cost is a sort rather than string work per row.
+    """
     x = np.asarray(x, dtype=float)
     decimals = np.broadcast_to(np.asarray(decimals, dtype=np.int64), x.shape)
-    scaled = np.round(np.abs(x) * 10.0 ** decimals).astype(np.int64)
-    scale = (10 ** decimals).astype(np.int64)
-    whole = pa.array(scaled // scale).cast(pa.string())
-    width = int(decimals.max()) if len(x) else 0
-    frac = pc.utf8_lpad(pa.array(scaled % scale).cast(pa.string()), width=width, padding="0")
-    kept = _tail(frac, width, decimals)
-    text = pc.if_else(pa.array(decimals > 0), pc.binary_join_element_wise(whole, kept, "."), whole)
-    sign = pa.array(np.where((x < 0) & (scaled > 0), "-", ""))
-    return pc.binary_join_element_wise(sign, text, "")
+    scaled = np.round(x * 10.0 ** decimals).astype(np.int64)
+    distinct, inverse = factorize(scaled * 8 + decimals)  # decimals < 8
+    texts = [_fixed(int(k) >> 3, int(k) & 7) for k in distinct]
+    return labels(texts, inverse)
 
 
-def _tail(text: pa.Array, width: int, keep: np.ndarray) -> pa.Array:
-    """Last ``keep[i]`` characters of fixed-width strings (vectorised over distinct ``keep`` values)."""
-    out = text
-    for k in np.unique(keep):
-        piece = pc.utf8_slice_codeunits(text, start=width - int(k), stop=width)
-        out = pc.if_else(pa.array(keep == k), piece, out)
-    return out
+def factorize(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted distinct ``keys`` and each row's index into them; a lookup table instead of a sort when
+    the keys span a small range, as measurements do."""
+    if len(keys) == 0 or keys.max() - keys.min() > 4 * len(keys) + 4096:
+        distinct, inverse = np.unique(keys, return_inverse=True)
+        return distinct, inverse.reshape(-1)
+    low = keys.min()
+    seen = np.zeros(keys.max() - low + 1, dtype=bool)
+    seen[keys - low] = True
+    return np.flatnonzero(seen) + low, (np.cumsum(seen) - 1)[keys - low]
+
+
+def _fixed(scaled: int, decimals: int) -> str:
+    """The text of ``scaled / 10**decimals`` with exactly ``decimals`` places."""
+    whole, frac = divmod(abs(scaled), 10 ** decimals)
+    sign = "-" if scaled < 0 else ""
+    return f"{sign}{whole}.{frac:0{decimals}d}" if decimals else f"{sign}{whole}"

@@ -16,6 +16,7 @@ from pipeline.sources.synthetic.arrays import (
     US_PER_DAY, US_PER_HOUR, US_PER_MINUTE, choice, dates, expand, floor_to, labels,
     scrambled_ids, timestamps, year_start)
 
+NO_DEATH = np.iinfo(np.int64).max
 ADMISSIONS_PER_PATIENT = np.array([0, 40, 22, 14, 9, 6, 4, 3, 2], dtype=float)  # P(n admissions)
 
 
@@ -46,6 +47,7 @@ class Cohort:
     anchor_year: np.ndarray
     group: np.ndarray
     n_adm: np.ndarray
+    dod: np.ndarray  # per patient: time of death (microseconds), NO_DEATH if alive a year after discharge
 
     def has(self, concept: str) -> np.ndarray:
         return self.concepts[:, ref.diagnoses().index(concept)]
@@ -72,6 +74,8 @@ def _comorbidities(rng, age: np.ndarray) -> np.ndarray:
     boost("hyperlipidemia", has("diabetes") | has("coronary_disease"), 0.5)
     boost("insulin_use", has("diabetes"), 0.4)
     boost("anticoagulant_use", has("atrial_fibrillation"), 0.6)
+    boost("aspirin_use", has("coronary_disease"), 0.7)
+    boost("coronary_stent_status", has("coronary_disease"), 0.4)
     boost("anemia", has("ckd"), 0.3)
     both = has("hypertension") & has("ckd")
     out[:, dx.index("hypertensive_ckd")] = both
@@ -159,26 +163,26 @@ def generate(rng: np.random.Generator, first_patient: int, n: int, first_admissi
     stay_id = scrambled_ids(first_stay + np.arange(len(stay_adm)), 30_000_000, 10_000_000)
     stay_unit = choice(rng, list(ref.ICU_UNITS.values()), len(stay_adm))
 
+    # death: in hospital, or for some survivors within a year of their last discharge
+    died_in_hospital = died[last]
+    later = ~died_in_hospital & (rng.random(n) < 0.15)
+    dod = np.where(died_in_hospital, dischtime[last],
+                   np.where(later, dischtime[last] + (rng.uniform(1, 365, n) * US_PER_DAY).astype(np.int64), NO_DEATH))
     return Cohort(n, subject_id, age, female, weight, height, patient, hadm_id, admittime, dischtime,
                   died, concepts, principal, icd10, icu, stay_adm, stay_id, intime, outtime, stay_unit,
-                  anchor_year, group, n_adm)
+                  anchor_year, group, n_adm, dod)
 
 
-def patients(rng, c: Cohort) -> pa.Table:
-    """dod: the in-hospital death date, or for some survivors a date within a year of their last discharge."""
-    last = np.cumsum(c.n_adm) - 1
-    died_in_hospital = c.died[last]
-    later = ~died_in_hospital & (rng.random(c.n_patients) < 0.15)
-    dod_t = np.where(died_in_hospital, c.dischtime[last],
-                     c.dischtime[last] + (rng.uniform(1, 365, c.n_patients) * US_PER_DAY).astype(np.int64))
-    has_dod = died_in_hospital | later
+def patients(c: Cohort) -> pa.Table:
+    has_dod = c.dod != NO_DEATH
     return pa.table({
         "subject_id": c.subject_id,
         "gender": labels(["M", "F"], c.female.astype(int)),
         "anchor_age": c.age,
         "anchor_year": c.anchor_year,
         "anchor_year_group": labels(ref.ANCHOR_YEAR_GROUPS, c.group),
-        "dod": pa.array(dates(dod_t).to_numpy(zero_copy_only=False), type=pa.date32(), mask=~has_dod),
+        "dod": pa.array(dates(np.where(has_dod, c.dod, 0)).to_numpy(zero_copy_only=False), type=pa.date32(),
+                        mask=~has_dod),
     })
 
 

@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 
 from pipeline.sources.synthetic import reference as ref
 from pipeline.sources.synthetic.arrays import (
-    US_PER_DAY, US_PER_HOUR, US_PER_MINUTE, choice, dates, decimal_text, expand, floor_to, labels,
+    US_PER_DAY, US_PER_MINUTE, choice, dates, decimal_text, expand, floor_to, labels,
     rank_within, round_to, scrambled_ids, timestamps, uniform_between)
 from pipeline.sources.synthetic.cohort import Cohort
 
@@ -253,7 +253,9 @@ def microbiologyevents(rng, c: Cohort, providers: np.ndarray, first_event: int,
     p[:, 2] = 0.8 * c.has("pneumonia") + 0.2 * c.icu
     p[:, 3] = 0.8 * c.has("cellulitis")
     p[:, 4] = 0.6 * c.icu
-    adm, spec = np.nonzero(rng.random(p.shape) < p)
+    counts = rng.poisson(2 * p)  # repeat cultures: blood cultures come in sets, re-sent when febrile
+    adm, spec = np.nonzero(counts)
+    adm, spec = np.repeat(adm, counts[adm, spec]), np.repeat(spec, counts[adm, spec])
     n_spec = len(adm)
     t = floor_to(uniform_between(rng, c.admittime[adm], np.minimum(c.dischtime[adm], c.admittime[adm] + 2 * US_PER_DAY)),
                  US_PER_MINUTE)
@@ -310,17 +312,24 @@ def microbiologyevents(rng, c: Cohort, providers: np.ndarray, first_event: int,
 
 
 def _concat(left: pa.Array, right: pa.Array) -> pa.Array:
-    return pc.binary_join_element_wise(left, right, "")
+    return pc.binary_join_element_wise(_plain(left), _plain(right), "")
+
+
+def _plain(text: pa.Array) -> pa.Array:
+    """Dictionary-encoded text decoded, for compute functions that take plain strings only."""
+    return text.dictionary_decode() if pa.types.is_dictionary(text.type) else text
 
 
 def omr(rng, c: Cohort) -> pa.Table:
-    """Outpatient visits (a week or more apart) with blood pressure, weight and BMI."""
+    """Outpatient visits (a week or more apart, none after death) with blood pressure, weight and BMI."""
     visits = 1 + rng.poisson(4, c.n_patients)
     pat, nth = expand(visits)
     first_adm = np.cumsum(c.n_adm) - c.n_adm
     gap = (rng.uniform(7, 200, len(pat)) * US_PER_DAY).astype(np.int64)
     start = c.admittime[first_adm][pat] - 365 * US_PER_DAY
     day = floor_to(start + np.cumsum(gap) - np.repeat(np.cumsum(gap)[np.cumsum(visits) - visits] - gap[np.cumsum(visits) - visits], visits), US_PER_DAY)
+    alive = day <= floor_to(c.dod[pat], US_PER_DAY)
+    pat, day = pat[alive], day[alive]
     results = ("Blood Pressure", "Weight (Lbs)", "BMI (kg/m2)")
     v, r = np.repeat(np.arange(len(pat)), 3), np.tile(np.arange(3), len(pat))
     p = pat[v]
@@ -330,7 +339,7 @@ def omr(rng, c: Cohort) -> pa.Table:
     bp = _concat(_concat(decimal_text(sys_bp, 0), pa.array(["/"] * len(v))), decimal_text(dia_bp, 0))
     lbs = decimal_text(weight * 2.20462, 1)
     bmi = decimal_text(weight / (c.height_cm[p] / 100) ** 2, 1)
-    text = pc.if_else(pa.array(r == 0), bp, pc.if_else(pa.array(r == 1), lbs, bmi))
+    text = pc.if_else(pa.array(r == 0), bp, pc.if_else(pa.array(r == 1), _plain(lbs), _plain(bmi)))
     return pa.table({
         "subject_id": c.subject_id[p],
         "chartdate": dates(day[v]),

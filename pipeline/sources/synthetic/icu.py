@@ -1,4 +1,5 @@
-"""ICU events of a chunk: hourly vitals, lines and their dates, infusions with ingredients, outputs.
+"""ICU events of a chunk: charted vitals and ventilator settings, infusions and boluses with their
+ingredients, outputs (lines, ventilation and tasks are in :mod:`devices`).
 
 Every event is laid on a grid ``intime + k * step`` that stops before ``outtime``, so ICU times are
 inside their stay by construction; vitals follow a per-stay random walk around a per-stay baseline.
@@ -8,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from pipeline.sources.synthetic.arrays import (
-    US_PER_DAY, US_PER_HOUR, US_PER_MINUTE, ceil_to, decimal_text, expand, floor_to, labels, rank_within, timestamps)
+    US_PER_DAY, US_PER_HOUR, US_PER_MINUTE, ceil_to, decimal_text, expand, floor_to, labels, rank_within, timestamps,
+    uniform_between)
 from pipeline.sources.synthetic.cohort import Cohort
 
 # itemid, unit, baseline mean, baseline sd, step sd, low, high, decimals
@@ -28,13 +29,6 @@ GCS = {  # itemid: [(value text, valuenum)] best to worst
     223901: ("Obeys Commands", "Localizes Pain", "Flex-withdraws", "Abnormal Flexion", "Abnormal extension",
              "No response"),
 }
-LINES = (  # procedure itemid, insertion-date itemid, chance, location, locationcategory
-    (224275, 225754, 0.85, "Left Antecubital", "Peripheral"),
-    (224277, 225755, 0.4, "Right Antecubital", "Peripheral"),
-    (225752, 224288, 0.4, "Left Radial", "Invasive Arterial"),
-    (224263, 224280, 0.45, "Right IJ", "Invasive Venous"),
-    (229351, 229352, 0.7, "Urethral", "Catheter, GU"),
-)
 INFUSIONS = (  # itemid, chance, rate low/high, rateuom, amountuom, amount per rate-hour factor, category
     (225158, 0.9, 50, 150, "mL/hour", "ml", 1.0, "01-Drips"),
     (220949, 0.25, 30, 100, "mL/hour", "ml", 1.0, "02-Fluids (Crystalloids)"),
@@ -43,6 +37,22 @@ INFUSIONS = (  # itemid, chance, rate low/high, rateuom, amountuom, amount per r
     (223258, 0.12, 1, 8, "units/hour", "units", 1.0, "01-Drips"),
 )
 PER_KG = {221906, 222168}
+VENT_SETTINGS = {  # itemid: unit, low, high, grid step, starting range - charted every 4 hours on the ventilator
+    223835: ("None", 21, 100, 5, (40, 60)),      # FiO2 (%)
+    220339: ("cmH2O", 0, 24, 1, (5, 10)),        # PEEP set
+    224684: ("mL", 250, 800, 10, (350, 550)),    # Tidal Volume (set)
+    224688: ("insp/min", 8, 35, 1, (12, 22)),    # Respiratory Rate (Set)
+}
+PO_INTAKE, LR_BOLUS = 226452, 225828
+BOLUSES = {  # itemid: amount choices, amountuom, minutes given over, ordercategoryname,
+    #          secondaryordercategoryname, ordercategorydescription, mL of water carried per dose
+    PO_INTAKE: ((60, 120, 180, 240, 360, 480), "ml", 1, "14-Oral/Gastric Intake", None, "Bolus", None),  # PO Intake
+    LR_BOLUS: ((500, 1000), "ml", 30, "03-IV Fluid Bolus", "Additive (Crystalloid)", "Bolus", None),   # LR
+    225798: ((1,), "dose", 90, "08-Antibiotics (IV)", "02-Fluids (Crystalloids)", "Drug Push", 250),  # Vancomycin
+    225851: ((1,), "dose", 30, "08-Antibiotics (IV)", "02-Fluids (Crystalloids)", "Drug Push", 100),  # Cefepime
+    225893: ((1,), "dose", 30, "08-Antibiotics (IV)", "02-Fluids (Crystalloids)", "Drug Push", 100),  # Zosyn
+}
+ANTIBIOTIC_HOURS = {225798: 12, 225851: 12, 225893: 8}
 INGREDIENTS = {225158: ((220490, 1.0, "ml"),), 220949: ((220490, 1.0, "ml"), (226060, 0.17, "Kcal")),
                222168: ((226060, 0.11, "Kcal"),)}  # kcal per mg of propofol at 10 mg/mL
 
@@ -65,7 +75,7 @@ def _walk(rng, groups: np.ndarray, step_sd: float) -> np.ndarray:
     return cum - cum[start]
 
 
-def _base(c: Cohort, stay: np.ndarray, caregivers: np.ndarray, rng, t: np.ndarray, itemid) -> dict:
+def base_columns(c: Cohort, stay: np.ndarray, caregivers: np.ndarray, rng, t: np.ndarray, itemid) -> dict:
     a = c.stay_adm[stay]
     return {"subject_id": c.subject_id[c.patient[a]], "hadm_id": c.hadm_id[a], "stay_id": c.stay_id[stay],
             "caregiver_id": caregivers[rng.integers(0, len(caregivers), len(stay))],
@@ -75,16 +85,22 @@ def _base(c: Cohort, stay: np.ndarray, caregivers: np.ndarray, rng, t: np.ndarra
             "itemid": np.broadcast_to(np.asarray(itemid), len(stay)).astype(np.int64)}
 
 
-def chartevents(rng, c: Cohort, caregivers: np.ndarray) -> pa.Table:
+def chartevents(rng, c: Cohort, caregivers: np.ndarray, ventilated) -> pa.Table:
+    """Vitals hourly, GCS and temperature every 4 hours, weights daily, ventilator settings while ``ventilated``.
+
+    Rows are collected as NumPy columns and sorted once (per stay, in time order) before any text is built.
+    """
     s_all = np.arange(len(c.stay_id))
     septic = c.has("septic_shock")[c.stay_adm] | c.has("sepsis")[c.stay_adm]
     parts = []
+    units: dict[str | None, int] = {}
+    gcs_texts = [text for texts in GCS.values() for text in texts]
 
-    def add(stay, t, itemid, value, decimals, unit):
-        cols = _base(c, stay, caregivers, rng, t, itemid)
-        cols.update(value=decimal_text(value, decimals), valuenum=value,
-                    valueuom=labels([unit], np.zeros(len(stay), np.int64)), warning=np.zeros(len(stay), np.int16))
-        parts.append(pa.table(cols))
+    def add(stay, t, itemid, value, decimals, unit, text=None):
+        n = len(stay)
+        unit_id = units.setdefault(unit, len(units))
+        parts.append((stay, t, np.full(n, itemid), value, np.full(n, decimals), np.full(n, unit_id),
+                      np.full(n, -1) if text is None else text))
 
     phase = (rng.uniform(0, 50, len(s_all)) * US_PER_MINUTE).astype(np.int64)
     stay, t = _grid(c, s_all, US_PER_HOUR, floor_to(phase, US_PER_MINUTE))
@@ -110,84 +126,49 @@ def chartevents(rng, c: Cohort, caregivers: np.ndarray) -> pa.Table:
     add(stay[every4 & ~celsius], t[every4 & ~celsius], 223761, temp[every4 & ~celsius], 1, "°F")
     add(stay[every4 & celsius], t[every4 & celsius], 223762, np.round((temp[every4 & celsius] - 32) * 5 / 9, 1), 1, "°C")
     impaired = np.clip(rng.poisson(0.6, len(s_all)), 0, 3)
+    offset = 0
     for itemid, texts in GCS.items():
         worst = np.clip(impaired[stay[every4]] + rng.integers(0, 2, every4.sum()), 0, len(texts) - 1)
-        cols = _base(c, stay[every4], caregivers, rng, t[every4], itemid)
-        cols.update(value=labels(texts, worst), valuenum=(len(texts) - worst).astype(float),
-                    valueuom=pa.nulls(len(worst), pa.string()), warning=np.zeros(len(worst), np.int16))
-        parts.append(pa.table(cols))
+        add(stay[every4], t[every4], itemid, (len(texts) - worst).astype(float), 0, None, offset + worst)
+        offset += len(texts)
     daily, td = _grid(c, s_all, US_PER_DAY, floor_to(phase, US_PER_MINUTE))
     weight = np.round(c.weight_kg[c.patient[c.stay_adm]], 1)
     first = rank_within(daily) == 0
     add(daily[first], td[first], 226512, weight[daily[first]], 1, "kg")
     add(daily[first], td[first], 226730, c.height_cm[c.patient[c.stay_adm[daily[first]]]], 0, "cm")
     add(daily, td, 224639, np.round(weight[daily] + rng.normal(0, 0.8, len(daily)), 1), 1, "kg")
-    return _sorted(pa.concat_tables(parts), "charttime")
+    v_stay, v_start, v_end = ventilated
+    episode, tv = _grid_between(np.arange(len(v_stay)), v_start, v_end, 4 * US_PER_HOUR)
+    for itemid, (unit, lo, hi, step, (first_lo, first_hi)) in VENT_SETTINGS.items():
+        level = rng.uniform(first_lo, first_hi, len(v_stay))[episode] + step * _walk(rng, episode, 0.5)
+        add(v_stay[episode], tv, itemid, np.clip(np.round(level / step) * step, lo, hi), 0, unit)
 
-
-def _sorted(table: pa.Table, time_col: str) -> pa.Table:
-    return table.take(pc.sort_indices(table, [("stay_id", "ascending"), (time_col, "ascending")]))
-
-
-def lines(rng, c: Cohort) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Lines placed per stay: stay, LINES index, insertion and removal time (inside the stay)."""
-    chance = np.array([ln[2] for ln in LINES])
-    stay, line = np.nonzero(rng.random((len(c.stay_id), len(LINES))) < chance)
-    dur = c.outtime[stay] - c.intime[stay]
-    start = ceil_to(c.intime[stay] + (dur * rng.uniform(0, 0.15, len(stay))).astype(np.int64), US_PER_MINUTE)
-    end = np.maximum(floor_to(c.outtime[stay] - (dur * rng.uniform(0, 0.15, len(stay))).astype(np.int64),
-                              US_PER_MINUTE), start)
-    return stay, line, start, end
-
-
-def procedureevents(rng, c: Cohort, caregivers, placed, first_order: int) -> tuple[pa.Table, int]:
-    stay, line, start, end = placed
-    n = len(stay)
-    minutes = ((end - start) // US_PER_MINUTE).astype(float)
-    cols = _base(c, stay, caregivers, rng, start, np.array([ln[0] for ln in LINES])[line])
-    del cols["charttime"]
-    weight = c.weight_kg[c.patient[c.stay_adm[stay]]]
-    table = pa.table({
-        "subject_id": cols["subject_id"], "hadm_id": cols["hadm_id"], "stay_id": cols["stay_id"],
-        "caregiver_id": cols["caregiver_id"], "starttime": timestamps(start), "endtime": timestamps(end),
-        "storetime": timestamps(end), "itemid": cols["itemid"], "value": minutes,
-        "valueuom": labels(["min"], np.zeros(n, np.int64)),
-        "location": labels([ln[3] for ln in LINES], line), "locationcategory": labels([ln[4] for ln in LINES], line),
-        "orderid": first_order + np.arange(n), "linkorderid": first_order + np.arange(n),
-        "ordercategoryname": labels(["Peripheral Lines", "Peripheral Lines", "Invasive Lines", "Invasive Lines", "Tubes"], line),
-        "ordercategorydescription": labels(["ContinuousProcess"], np.zeros(n, np.int64)),
-        "patientweight": weight, "isopenbag": np.zeros(n, np.int16), "continueinnextdept": np.zeros(n, np.int16),
-        "statusdescription": labels(["FinishedRunning"], np.zeros(n, np.int64)),
-        "ORIGINALAMOUNT": minutes, "ORIGINALRATE": np.zeros(n),
-    })
-    return table, n
-
-
-def datetimeevents(rng, c: Cohort, caregivers, placed) -> pa.Table:
-    """Each line's insertion date, recharted every 4 hours while it is in."""
-    stay, line, start, end = placed
-    counts = (end - start) // (4 * US_PER_HOUR) + 1
-    i, k = expand(counts)
-    t = start[i] + k * 4 * US_PER_HOUR
-    cols = _base(c, stay[i], caregivers, rng, t, np.array([ln[1] for ln in LINES])[line[i]])
-    cols.update(value=timestamps(floor_to(start[i], US_PER_DAY)),
-                valueuom=labels(["Date"], np.zeros(len(i), np.int64)), warning=np.zeros(len(i), np.int16))
+    stay, t, itemid, value, dec, unit, text = (np.concatenate(x) for x in zip(*parts))
+    order = np.lexsort((t, stay))
+    stay, t, itemid, value, dec, unit, text = (x[order] for x in (stay, t, itemid, value, dec, unit, text))
+    numeric = decimal_text(value, dec)
+    is_text = text >= 0
+    indices = np.where(is_text, len(numeric.dictionary) + text, numeric.indices.to_numpy())
+    cols = base_columns(c, stay, caregivers, rng, t, itemid)
+    unit_names = list(units)
+    cols.update(value=labels(numeric.dictionary.to_pylist() + gcs_texts, indices), valuenum=value,
+                valueuom=labels(unit_names, unit, np.array([u is not None for u in unit_names])[unit]),
+                warning=np.zeros(len(stay), np.int16))
     return pa.table(cols)
 
 
-def outputevents(rng, c: Cohort, caregivers, placed) -> pa.Table:
-    """Hourly Foley output while a urinary catheter is in, voids every 4-6 hours otherwise."""
-    stay, line, start, end = placed
-    foley = line == 4
-    hourly, th = _grid_between(stay[foley], start[foley], end[foley], US_PER_HOUR)
-    no_cath = np.setdiff1d(np.arange(len(c.stay_id)), stay[foley])
+def outputevents(rng, c: Cohort, caregivers, foley) -> pa.Table:
+    """Hourly output while a Foley catheter (stay, start, end) is in, voids every 5 hours otherwise."""
+    stay, start, end = foley
+    hourly, th = _grid_between(stay, start, end, US_PER_HOUR)
+    no_cath = np.setdiff1d(np.arange(len(c.stay_id)), stay)
     voids, tv = _grid(c, no_cath, 5 * US_PER_HOUR, np.full(len(no_cath), US_PER_HOUR))
     s = np.concatenate([hourly, voids])
     t = np.concatenate([th, tv])
     is_void = np.arange(len(s)) >= len(hourly)
     value = np.where(is_void, np.round(rng.uniform(150, 500, len(s)) / 5) * 5,
                      np.round(rng.gamma(3, 25, len(s)) / 5) * 5 + 5)
-    cols = _base(c, s, caregivers, rng, t, np.where(is_void, 226560, 226559))
+    cols = base_columns(c, s, caregivers, rng, t, np.where(is_void, 226560, 226559))
     cols.update(value=value, valueuom=labels(["ml"], np.zeros(len(s), np.int64)))
     return pa.table(cols)
 
@@ -225,11 +206,7 @@ def infusions(rng, c: Cohort, caregivers, first_order: int) -> tuple[pa.Table, p
     n = len(i)
     orderid = first_order + np.arange(n)
     last = np.append(i[1:] != i[:-1], True)
-    cols = _base(c, stay[i], caregivers, rng, seg_start, itemid)
-    del cols["charttime"]
-    base = {"subject_id": cols["subject_id"], "hadm_id": cols["hadm_id"], "stay_id": cols["stay_id"],
-            "caregiver_id": cols["caregiver_id"], "starttime": timestamps(seg_start),
-            "endtime": timestamps(seg_end), "storetime": timestamps(seg_end)}
+    base = interval_columns(c, stay[i], caregivers, rng, seg_start, seg_end)
     inputs = pa.table({
         **base, "itemid": itemid, "amount": amount,
         "amountuom": labels([x[5] for x in INFUSIONS], kind[i]), "rate": rate,
@@ -260,3 +237,85 @@ def infusions(rng, c: Cohort, caregivers, first_order: int) -> tuple[pa.Table, p
                 "originalamount": ing_amount, "originalrate": np.round(rate[rows] * per_unit, 4),
             }))
     return inputs, pa.concat_tables(ing_parts), n
+
+
+def boluses(rng, c: Cohort, caregivers, first_order: int,
+            ventilated_stays: np.ndarray) -> tuple[pa.Table, pa.Table, int]:
+    """One-off intakes: oral intake off the ventilator, LR boluses in shock, scheduled IV antibiotics for infections."""
+    n_stays = len(c.stay_id)
+    days = (c.outtime - c.intime) / US_PER_DAY
+    awake = ~np.isin(np.arange(n_stays), ventilated_stays)
+    infected = (c.has("sepsis") | c.has("pneumonia") | c.has("urinary_infection") | c.has("cellulitis"))[c.stay_adm]
+    shock = (c.has("septic_shock") | c.has("hypotension"))[c.stay_adm]
+    per_day = {PO_INTAKE: 5.0 * awake, LR_BOLUS: 0.5 + 1.2 * shock}
+    stay_parts, item_parts, t_parts = [], [], []
+    for itemid, rate in per_day.items():
+        counts = rng.poisson(rate * days)
+        stay, _ = expand(counts)
+        stay_parts.append(stay)
+        item_parts.append(np.full(len(stay), itemid))
+        t_parts.append(uniform_between(rng, c.intime[stay], c.outtime[stay]))
+    for itemid, hours in ANTIBIOTIC_HOURS.items():
+        given = np.flatnonzero(rng.random(n_stays) < np.where(infected, 0.45, 0.04))
+        stay, t = _grid(c, given, hours * US_PER_HOUR, (rng.uniform(0, 4, len(given)) * US_PER_HOUR).astype(np.int64))
+        stay_parts.append(stay)
+        item_parts.append(np.full(len(stay), itemid))
+        t_parts.append(t)
+    stay, itemid, start = (np.concatenate(x) for x in (stay_parts, item_parts, t_parts))
+    start = floor_to(np.maximum(start, ceil_to(c.intime[stay], US_PER_MINUTE)), US_PER_MINUTE)
+    order = np.lexsort((itemid, start, stay))
+    stay, itemid, start = stay[order], itemid[order], start[order]
+    ids = np.array(sorted(BOLUSES))
+    spec = [BOLUSES[i] for i in ids]
+    kind = np.searchsorted(ids, itemid)
+    minutes = np.array([x[2] for x in spec])[kind]
+    end = np.minimum(start + minutes * US_PER_MINUTE, floor_to(c.outtime[stay], US_PER_MINUTE))
+    end = np.maximum(end, start)
+    amount = _pick(rng, [np.array(x[0], dtype=float) for x in spec], kind)
+    n = len(stay)
+    orderid = first_order + np.arange(n)
+    base = interval_columns(c, stay, caregivers, rng, start, end)
+    def per_kind(j):
+        return labels([x[j] for x in spec], kind, np.array([x[j] is not None for x in spec])[kind])
+
+    rate = amount / np.maximum((end - start) / US_PER_HOUR, 1 / 60)
+    has_rate = itemid == LR_BOLUS
+    inputs = pa.table({
+        **base, "itemid": itemid, "amount": amount, "amountuom": per_kind(1),
+        "rate": pa.array(np.round(rate, 1), mask=~has_rate),
+        "rateuom": labels(["mL/hour"], np.zeros(n, np.int64), has_rate),
+        "orderid": orderid, "linkorderid": orderid,
+        "ordercategoryname": per_kind(3), "secondaryordercategoryname": per_kind(4),
+        "ordercomponenttypedescription": labels(["Main order parameter"], np.zeros(n, np.int64)),
+        "ordercategorydescription": per_kind(5),
+        "patientweight": c.weight_kg[c.patient[c.stay_adm[stay]]], "totalamount": amount,
+        "totalamountuom": per_kind(1),
+        "isopenbag": np.zeros(n, np.int16), "continueinnextdept": np.zeros(n, np.int16),
+        "statusdescription": labels(["FinishedRunning"], np.zeros(n, np.int64)),
+        "originalamount": amount, "originalrate": np.where(has_rate, np.round(rate, 1), 0.0),
+    })
+    water = np.where(np.array([x[6] is None for x in spec])[kind], amount,
+                     np.array([x[6] or 0 for x in spec], dtype=float)[kind])
+    ingredients = pa.table({
+        **base, "itemid": np.full(n, 220490), "amount": water, "amountuom": labels(["ml"], np.zeros(n, np.int64)),
+        "rate": pa.nulls(n, pa.float64()), "rateuom": pa.nulls(n, pa.string()),
+        "orderid": orderid, "linkorderid": orderid,
+        "statusdescription": labels(["FinishedRunning"], np.zeros(n, np.int64)),
+        "originalamount": water, "originalrate": np.zeros(n),
+    })
+    return inputs, ingredients, n
+
+
+def _pick(rng, choices: list[np.ndarray], kind: np.ndarray) -> np.ndarray:
+    """One value per row from ``choices[kind]``."""
+    sizes = np.array([len(ch) for ch in choices])
+    offsets = np.cumsum(sizes) - sizes
+    return np.concatenate(choices)[offsets[kind] + rng.integers(0, sizes[kind])]
+
+
+def interval_columns(c: Cohort, stay: np.ndarray, caregivers, rng, start: np.ndarray, end: np.ndarray) -> dict:
+    """The identifier and time columns shared by inputevents and ingredientevents rows."""
+    a = c.stay_adm[stay]
+    return {"subject_id": c.subject_id[c.patient[a]], "hadm_id": c.hadm_id[a], "stay_id": c.stay_id[stay],
+            "caregiver_id": caregivers[rng.integers(0, len(caregivers), len(stay))],
+            "starttime": timestamps(start), "endtime": timestamps(end), "storetime": timestamps(end)}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipeline.sources.synthetic import reference as ref
 from pipeline.sources.synthetic.arrays import (
@@ -16,12 +17,17 @@ from pipeline.sources.synthetic.arrays import (
     scrambled_ids, timestamps, uniform_between)
 from pipeline.sources.synthetic.cohort import Cohort
 
-OTHER_ORDERS = (  # order_type, order_subtype, field_name, field_value (poe_detail)
-    ("ADT orders", "Admit", "Admit category", "Admit to inpatient"),
-    ("ADT orders", "Discharge", "Discharge When", "Discharge Now"),
-    ("General Care", "Code status", "Code status", "Resuscitate (Full code)"),
-    ("Lab", None, None, None),
+OTHER_ORDERS = (  # order_type, order_subtype, poe_detail (field_name, field_value) rows
+    ("ADT orders", "Admit", (("Admit category", "Admit to inpatient"), ("Admit to", None))),
+    ("ADT orders", "Discharge", (("Discharge When", "Discharge Now"), ("Discharge Planning", "Finalized"))),
+    ("General Care", "Code status", (("Code status", "Resuscitate (Full code)"),)),
+    ("ADT orders", "Transfer", (("Transfer to", "ICU"),)),
+    ("ADT orders", "Transfer", (("Transfer to", "Medicine"),)),
+    ("Lab", None, ()),
 )
+ADMIT_TO = ("Medicine", "Surgery", "ICU")
+DNAR = "DNAR (DO NOT attempt resuscitation for cardiac arrest) "
+ADMINISTRATION_TYPES = {"Sodium Chloride 0.9%  Flush": "IV Flush", "Insulin": "Insulin SC Sliding Scale"}
 
 
 def _drug_column(field: str, dtype=object) -> np.ndarray:
@@ -55,13 +61,22 @@ def emit(rng, c: Cohort, providers: np.ndarray, lab_times: tuple[np.ndarray, np.
     stopped = rng.random(n) < 0.25
     provider = rng.integers(0, len(providers), n)
 
-    # all POE rows: medication orders, their D/C orders, lab orders, admit/discharge/code status
+    # all POE rows: medication orders, their D/C orders, then OTHER_ORDERS: admit, discharge, code status,
+    # transfers into and out of the ICU, lab orders
     lab_adm, lab_t = lab_times
     stopped_idx = np.flatnonzero(stopped)
-    other_adm = np.concatenate([np.arange(m)] * 3 + [lab_adm])
-    other_kind = np.concatenate([np.full(m, 0), np.full(m, 1), np.full(m, 2), np.full(len(lab_adm), 3)])
-    other_t = np.concatenate([c.admittime + US_PER_MINUTE, c.dischtime - 2 * US_PER_HOUR // 3,
-                              c.admittime + 30 * US_PER_MINUTE, np.maximum(lab_t - 20 * US_PER_MINUTE, c.admittime[lab_adm])])
+    every = np.arange(m)
+    left = np.flatnonzero(~c.died[c.stay_adm])
+    others = (
+        (every, c.admittime + US_PER_MINUTE), (every, c.dischtime - 2 * US_PER_HOUR // 3),
+        (every, c.admittime + 30 * US_PER_MINUTE),
+        (c.stay_adm, np.maximum(c.intime - 30 * US_PER_MINUTE, c.admittime[c.stay_adm])),
+        (c.stay_adm[left], np.maximum(c.outtime[left] - US_PER_HOUR, c.intime[left])),
+        (lab_adm, np.maximum(lab_t - 20 * US_PER_MINUTE, c.admittime[lab_adm])),
+    )
+    other_adm = np.concatenate([a for a, _ in others])
+    other_kind = np.concatenate([np.full(len(a), k) for k, (a, _) in enumerate(others)])
+    other_t = np.concatenate([t for _, t in others])
     poe_adm = np.concatenate([adm, adm[stopped_idx], other_adm])
     poe_t = np.concatenate([ordertime, stop[stopped_idx], other_t])
     poe_t = floor_to(poe_t, 1_000_000)
@@ -80,6 +95,7 @@ def emit(rng, c: Cohort, providers: np.ndarray, lab_times: tuple[np.ndarray, np.
     dc_by[stopped_idx] = dc_seq
     order_types = ["Medications"] + [o[0] for o in OTHER_ORDERS]
     subtypes = [o[1] or "" for o in OTHER_ORDERS]
+    has_subtype = [o[1] is not None for o in OTHER_ORDERS]
     type_idx = np.where(source < 2, 0, source - 1)
     poe = pa.table({
         "poe_id": poe_id.take(pa.array(order)),
@@ -88,24 +104,14 @@ def emit(rng, c: Cohort, providers: np.ndarray, lab_times: tuple[np.ndarray, np.
         "hadm_id": c.hadm_id[poe_adm][order],
         "ordertime": timestamps(poe_t[order]),
         "order_type": labels(order_types, type_idx[order]),
-        "order_subtype": labels([""] + subtypes, type_idx[order], (source[order] >= 2) & (source[order] < 5)),
+        "order_subtype": labels([""] + subtypes, type_idx[order], np.array([False] + has_subtype)[type_idx[order]]),
         "transaction_type": labels(["New", "D/C"], (source[order] == 1).astype(int)),
         "discontinue_of_poe_id": _ref_ids(subject[order], dc_of[order]),
         "discontinued_by_poe_id": _ref_ids(subject[order], dc_by[order]),
         "order_provider_id": labels(providers, rng.integers(0, len(providers), len(order))),
         "order_status": labels(["Inactive"], np.zeros(len(order), np.int64)),
     })
-    detail_rows = np.flatnonzero((source >= 2) & (source < 5))
-    detail_kind = source[detail_rows] - 2
-    dnr = c.has("do_not_resuscitate")[poe_adm[detail_rows]] & (detail_kind == 2)
-    values = [o[3] for o in OTHER_ORDERS[:3]] + ["DNAR (DO NOT attempt resuscitation for cardiac arrest) "]
-    poe_detail = pa.table({
-        "poe_id": poe_id.take(pa.array(detail_rows)),
-        "poe_seq": poe_seq[detail_rows],
-        "subject_id": subject[detail_rows],
-        "field_name": labels([o[2] for o in OTHER_ORDERS[:3]], detail_kind),
-        "field_value": labels(values, np.where(dnr, 3, detail_kind)),
-    })
+    poe_detail = _poe_detail(c, poe_id, poe_seq, subject, poe_adm, source - 2)
 
     pharmacy_id = scrambled_ids(first_pharmacy + np.arange(n), 0, 100_000_000)
     d = lambda field: labels(_drug_column(field), drug)  # noqa: E731
@@ -168,26 +174,7 @@ def emit(rng, c: Cohort, providers: np.ndarray, lab_times: tuple[np.ndarray, np.
         "scheduletime": timestamps(floor_to(scheduled, US_PER_MINUTE)),
         "storetime": timestamps(chart + (rng.uniform(0, 5, ne) * US_PER_MINUTE).astype(np.int64)),
     })
-    de = lambda field: labels(_drug_column(field), drug[e])  # noqa: E731
-    none = pa.nulls(ne, pa.string())
-    product = pa.array([f"{a} {b}" for a, b in zip(_drug_column("drug"), _drug_column("prod_strength"))])
-    emar_detail = pa.table({
-        "subject_id": emar_subject, "emar_id": emar_id, "emar_seq": emar_seq,
-        "parent_field_ordinal": np.full(ne, 1.1), "administration_type": none, "pharmacy_id": pharmacy_id[e],
-        "barcode_type": labels(["if"], np.zeros(ne, np.int64)), "reason_for_no_barcode": none,
-        "complete_dose_not_given": labels(["No", "Yes"], (~given).astype(int)),
-        "dose_due": de("dose_val_rx"), "dose_due_unit": de("dose_unit_rx"),
-        "dose_given": pa.array(np.where(given, _drug_column("dose_val_rx")[drug[e]], "0")),
-        "dose_given_unit": de("dose_unit_rx"), "will_remainder_of_dose_be_given": none,
-        "product_amount_given": pa.array(np.where(given, _drug_column("form_val_disp")[drug[e]], "0")),
-        "product_unit": de("form_unit_disp"), "product_code": de("formulary_drug_cd"),
-        "product_description": product.take(pa.array(drug[e])), "product_description_other": none,
-        "prior_infusion_rate": none, "infusion_rate": none, "infusion_rate_adjustment": none,
-        "infusion_rate_adjustment_amount": none, "infusion_rate_unit": none, "route": de("route"),
-        "infusion_complete": none, "completion_interval": none, "new_iv_bag_hung": none,
-        "continued_infusion_in_other_location": none, "restart_interval": none, "side": none, "site": none,
-        "non_formulary_visual_verification": none,
-    })
+    emar_detail = _emar_detail(drug[e], emar_subject, emar_id, emar_seq, pharmacy_id[e], given)
     tables = {"poe": poe, "poe_detail": poe_detail, "pharmacy": pharmacy, "prescriptions": prescriptions,
               "emar": emar, "emar_detail": emar_detail}
     return tables, n
@@ -195,5 +182,58 @@ def emit(rng, c: Cohort, providers: np.ndarray, lab_times: tuple[np.ndarray, np.
 
 def _ref_ids(subject: np.ndarray, seq: np.ndarray) -> pa.Array:
     """``<subject>-<seq>`` where ``seq`` >= 0, else NULL."""
-    ids = joined_ids(subject, seq)
-    return pa.array(ids.to_numpy(zero_copy_only=False), mask=seq < 0) if len(seq) else pa.nulls(0, pa.string())
+    return pc.if_else(pa.array(seq >= 0), joined_ids(subject, seq), pa.scalar(None, pa.string()))
+
+
+def _poe_detail(c: Cohort, poe_id: pa.Array, poe_seq, subject, poe_adm, kind: np.ndarray) -> pa.Table:
+    """The field rows of admit, discharge and code-status orders (``kind`` indexes OTHER_ORDERS)."""
+    fields = [(k, name, value) for k, o in enumerate(OTHER_ORDERS) for name, value in o[2]]
+    row, f = np.nonzero(kind[:, None] == np.array([x[0] for x in fields])[None, :])
+    adm = poe_adm[row]
+    name = np.array([x[1] for x in fields])[f]
+    values = [x[2] or "" for x in fields] + list(ADMIT_TO) + [DNAR]
+    value = np.where(name == "Admit to", len(fields) + np.where(c.icu[adm], 2, c.principal[adm] % 2), f)
+    value = np.where((name == "Code status") & c.has("do_not_resuscitate")[adm], len(values) - 1, value)
+    return pa.table({
+        "poe_id": poe_id.take(pa.array(row)),
+        "poe_seq": poe_seq[row],
+        "subject_id": subject[row],
+        "field_name": labels([x[1] for x in fields], f),
+        "field_value": labels(values, value),
+    })
+
+
+def _emar_detail(drug: np.ndarray, subject, emar_id: pa.Array, emar_seq, pharmacy_id, given) -> pa.Table:
+    """Per administration a parent row (parent_field_ordinal NULL: what was due) and a 1.1 product row."""
+    ne = len(drug)
+    row = np.repeat(np.arange(ne), 2)
+    product = np.tile([False, True], ne)
+    d = drug[row]
+    col = lambda field, where: labels(_drug_column(field), d, where)  # noqa: E731
+    names = _drug_column("drug")
+    admin_types = ["Standard Maintenance Medication", *dict.fromkeys(ADMINISTRATION_TYPES.values())]
+    admin = np.array([admin_types.index(ADMINISTRATION_TYPES.get(n, admin_types[0])) for n in names])[d]
+    g = given[row]
+    none = pa.nulls(len(row), pa.string())
+    dose_given = np.where(g, _drug_column("dose_val_rx")[d], "0")
+    amount_given = np.where(g, _drug_column("form_val_disp")[d], "0")
+    descriptions = [f"{a} {b}" for a, b in zip(names, _drug_column("prod_strength"))]
+    return pa.table({
+        "subject_id": subject[row], "emar_id": emar_id.take(pa.array(row)), "emar_seq": emar_seq[row],
+        "parent_field_ordinal": pa.array(np.full(len(row), 1.1), mask=~product),
+        "administration_type": labels(admin_types, admin, ~product),
+        "pharmacy_id": pa.array(pharmacy_id[row], mask=~product),
+        "barcode_type": labels(["if"], np.zeros(len(row), np.int64), product), "reason_for_no_barcode": none,
+        "complete_dose_not_given": labels(["No", "Yes"], (~g).astype(int), ~product),
+        "dose_due": col("dose_val_rx", ~product), "dose_due_unit": col("dose_unit_rx", ~product),
+        "dose_given": pa.array(dose_given, mask=~product), "dose_given_unit": col("dose_unit_rx", product),
+        "will_remainder_of_dose_be_given": none,
+        "product_amount_given": pa.array(amount_given, mask=~product),
+        "product_unit": col("form_unit_disp", product), "product_code": col("formulary_drug_cd", product),
+        "product_description": labels(descriptions, d, product), "product_description_other": none,
+        "prior_infusion_rate": none, "infusion_rate": none, "infusion_rate_adjustment": none,
+        "infusion_rate_adjustment_amount": none, "infusion_rate_unit": none, "route": col("route", ~product),
+        "infusion_complete": none, "completion_interval": none, "new_iv_bag_hung": none,
+        "continued_infusion_in_other_location": none, "restart_interval": none, "side": none, "site": none,
+        "non_formulary_visual_verification": none,
+    })
