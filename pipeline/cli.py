@@ -83,6 +83,31 @@ def verify_demo_command(path):
 main.add_command(questions_command, "questions")
 
 
+@main.command("build")
+@source_options
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Benchmark folder (default: data/benchmark/<source>/seed=<seed>).")
+@click.option("--per-template", type=click.IntRange(min=1), default=None,
+              help="Most pairs shipped per template (default: 80).")
+@click.option("--questions-per-template", type=click.IntRange(min=1), default=None,
+              help="Clean questions drawn per template (default: 40).")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Worker processes for perturbation and verification (default: CPU count).")
+def build_command(source, path, patients, seed, out, per_template, questions_per_template, workers):
+    """Build a verified Clean–Noise benchmark: stage, ask, perturb, verify, select, export."""
+    from pipeline.build import PAIRS_PER_TEMPLATE, BuildError, build
+    from pipeline.questions.generate import DEFAULT_PER_TEMPLATE
+
+    out = out or Path("data") / "benchmark" / source / f"seed={seed}"
+    try:
+        report = build(source, out, seed, path=path, patients=patients,
+                       per_template=per_template or PAIRS_PER_TEMPLATE, workers=workers,
+                       questions_per_template=questions_per_template or DEFAULT_PER_TEMPLATE)
+    except (StagingError, BuildError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(report.summary())
+
+
 @main.command("check")
 @click.option("--staged", type=click.Path(path_type=Path, exists=True, file_okay=False), required=True,
               help="A folder of staged <table>.parquet files.")

@@ -2,7 +2,8 @@
 
 GX 1.24 cannot validate DuckDB tables in-database, so a staged table is streamed in bounded
 batches and the per-expectation results are summed; full-table invariants live in
-:mod:`pipeline.integrity`. Each expectation carries GX's own ``severity``: ``critical``
+:mod:`pipeline.integrity`. A suite's ``meta.one_hot`` names enum columns whose values get 0/1 indicator columns, so
+balance rules are plain ``expect_column_mean_to_be_between``. Each expectation carries GX's own ``severity``: ``critical``
 failures fail a check, ``warning`` ones are reported with counts and examples.
 """
 
@@ -96,10 +97,15 @@ def validate_parquet(path: str | os.PathLike, suite_name: str, batch_rows: int =
     outcomes = [ExpectationOutcome(e["type"], e.get("kwargs", {}), e.get("severity", "critical"))
                 for e in spec["expectations"]]
     batch_definition = _batch_definition()
+    one_hot = spec.get("meta", {}).get("one_hot", {})
     rows = 0
     for record_batch in _batches(Path(path), batch_rows):
         rows += record_batch.num_rows
         frame = record_batch.to_pandas()
+        # Shares of enum values (balance rules) are means of 0/1 indicator columns "<column>=<value>".
+        for column, values in one_hot.items():
+            for value in values:
+                frame[f"{column}={value}"] = (frame[column] == value).astype(float)
         result = batch_definition.get_batch(batch_parameters={"dataframe": frame}).validate(
             suite, result_format="SUMMARY")
         for r in result.results:

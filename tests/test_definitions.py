@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dagster as dg
+import pytest
 
 from pipeline.definitions import defs
 from pipeline.defs import sources
@@ -27,13 +28,41 @@ def test_source_assets_materialize_on_the_demo_with_checks(demo_path, tmp_path):
     result = dg.materialize([sources.stage_mimic_tables, *sources.TABLE_CHECKS],
                             resources={"benchmark_run": run})
     assert result.success
-    materialized = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
-    assert materialized == set(TABLES) - {"chartevents"}
+    materialized = {e.asset_key.to_user_string(): e.materialization.metadata
+                    for e in result.get_asset_materialization_events()}
+    assert set(materialized) == set(TABLES)
+    assert "chartevents.csv.gz not found" in materialized["chartevents"]["absent"].value
     evaluations = result.get_asset_check_evaluations()
-    assert len(evaluations) == 2 * 30
+    assert len(evaluations) == 2 * 31
     assert all(e.passed or e.severity == dg.AssetCheckSeverity.WARN for e in evaluations)
+    absent = [e for e in evaluations if e.asset_key.to_user_string() == "chartevents"]
+    assert [e.passed for e in absent] == [False, False] and "absent" in absent[0].metadata
     labevents = next(e for e in result.get_asset_materialization_events()
                      if e.asset_key.to_user_string() == "labevents")
     assert labevents.materialization.metadata["dagster/row_count"].value == 107_727
     assert (run.staged_dir / "labevents.parquet").exists()
     assert run.staged_dir == tmp_path / "benchmark" / "demo" / "seed=0" / "staged"
+
+
+@pytest.mark.slow
+def test_whole_graph_materializes_on_the_demo(demo_path, tmp_path):
+    from pipeline.defs import noise, questions
+
+    run = BenchmarkRun(source="demo", path=str(demo_path), data_dir=str(tmp_path), seed=3,
+                       questions_per_template=2)
+    result = dg.materialize(
+        [sources.stage_mimic_tables, questions.clean_questions, questions.clean_questions_cover_all_cells,
+         noise.noise_candidates, noise.verified_pairs, noise.every_shipped_pair_is_verified, noise.benchmark,
+         noise.pairs_expectations],
+        resources={"benchmark_run": run})
+    assert result.success
+    checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+    assert checks == {"clean_questions_cover_all_cells": True, "every_shipped_pair_is_verified": True,
+                      "pairs_expectations": True}
+    folder = tmp_path / "benchmark" / "demo" / "seed=3"
+    for name in ("pairs.parquet", "overlays.parquet", "manifest.json", "README.md", "clean_questions.parquet"):
+        assert (folder / name).exists(), name
+    audit = {e.asset_key.to_user_string(): e.materialization.metadata
+             for e in result.get_asset_materialization_events()}
+    assert "### " in audit["noise_candidates_record"]["samples"].value  # sample pairs with before/after rows
+    assert "| table | _rid |" in audit["noise_candidates_value"]["samples"].value

@@ -6,6 +6,7 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
+from pipeline.questions.generate import DEFAULT_PER_TEMPLATE
 from pipeline.sources import DEFAULT_SYNTHETIC_PATIENTS, make_source
 from pipeline.staging import Source
 
@@ -17,6 +18,7 @@ class BenchmarkRun(dg.ConfigurableResource):
     path: str | None = Field(default=None, description="MIMIC-IV folder (hosp/, icu/) for demo or mimic")
     patients: int = Field(default=DEFAULT_SYNTHETIC_PATIENTS, description="synthetic patients")
     seed: int = Field(default=0, description="seed of generation, sampling and noise")
+    questions_per_template: int = Field(default=DEFAULT_PER_TEMPLATE, description="clean questions per template")
     data_dir: str = Field(default="data", description="root of generated output")
 
     @property

@@ -14,7 +14,6 @@ TABLE_SPECS = [
         group_name=f"mimic_{t.module}",
         description=f"MIMIC-IV v2.2 {t.module}/{name}, staged as typed Parquet with a _rid row id.",
         kinds={"parquet", "duckdb"},
-        skippable=True,
     )
     for name, t in TABLES.items()
 ]
@@ -26,11 +25,15 @@ def _column_schema(name: str) -> dg.TableSchema:
 
 @dg.multi_asset(specs=TABLE_SPECS, can_subset=True, name="stage_mimic_tables")
 def stage_mimic_tables(context: dg.AssetExecutionContext, benchmark_run: BenchmarkRun):
-    """Stage the selected tables from the configured source; absent tables are reported and skipped."""
+    """Stage the selected tables from the configured source. A table the source lacks is reported
+    as materialized-but-absent (0 rows, with the reason), so the stages downstream still run and
+    skip only what needs it."""
     tables = [key.path[-1] for key in context.selected_asset_keys]
     report = stage(benchmark_run.make_source(), benchmark_run.staged_dir, tables)
     for name, reason in report.skipped.items():
-        context.log.warning(f"table {name} skipped: {reason}")
+        context.log.warning(f"table {name} absent: {reason}")
+        yield dg.MaterializeResult(asset_key=name, metadata={
+            "dagster/row_count": 0, "absent": reason, "source": benchmark_run.source})
     for name, rows in report.rows.items():
         yield dg.MaterializeResult(
             asset_key=name,
@@ -66,6 +69,9 @@ def table_check(table: str, check: str) -> dg.AssetChecksDefinition:
 
     @dg.asset_check(asset=table, name=check, description=description.format(table=table))
     def _check(benchmark_run: BenchmarkRun) -> dg.AssetCheckResult:
+        if not staged_path(benchmark_run.staged_dir, table).exists():
+            return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN,
+                                       metadata={"absent": f"{table} is absent from this source; not checked"})
         return _result(check_fn(benchmark_run.staged_dir, table))
 
     return _check

@@ -36,6 +36,7 @@ TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
 _REQUIRED = ("id", "intent", "level", "questions", "gold_sql", "evidence_sql", "slots",
              "answer_type", "requires", "noise")
 _NOISE_KEYS = ("evidence_table", "value_column", "time_column", "entity_slot", "window", "operators")
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when available: 10x faster
 _ID = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
@@ -131,7 +132,7 @@ def load_templates(directory: str | Path | None = None) -> list[Template]:
     out: dict[str, Template] = {}
     for path in files:
         try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+            data = yaml.load(path.read_text(encoding="utf-8"), Loader=_YAML_LOADER)
         except yaml.YAMLError as exc:
             raise TemplateError(f"{path.name}: not valid YAML: {exc}") from exc
         if not isinstance(data, list):

@@ -1,0 +1,159 @@
+"""The main job: stage a source, ask clean questions, perturb, verify, select and export.
+
+``ehr-robustgym build`` and the Dagster assets call the same functions; this module only
+chains them and writes the benchmark folder (see :mod:`pipeline.noise.export`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+
+from pipeline.expectations import validate_parquet
+from pipeline.noise.export import (AtomicFolder, code_version, dataset_card, manifest_json, overlays_table,
+                                   pairs_table, sha256, templates_fingerprint)
+from pipeline.noise.pairs import NoiseReport, candidate_records
+from pipeline.noise.select import select_pairs, template_splits
+from pipeline.questions.generate import DEFAULT_PER_TEMPLATE, QuestionReport, generate_questions
+from pipeline.questions.templates import TEMPLATES_DIR, load_templates
+from pipeline.sources import make_source
+from pipeline.schema import TABLES
+from pipeline.staging import StageReport, stage, staged_path
+
+PAIRS_PER_TEMPLATE = 80
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+@dataclass
+class BuildReport:
+    out: Path
+    stage: StageReport | None = None
+    questions: QuestionReport | None = None
+    noise: NoiseReport | None = None
+    pairs: list[dict] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    manifest: dict = field(default_factory=dict)
+
+    def summary(self) -> str:
+        c = self.manifest["counts"]
+        lines = [f"{c['pairs']:,} verified pairs ({c['candidates']:,} candidates, "
+                 f"{c['verified']:,} verified) from {c['clean_questions']:,} clean questions"]
+        lines += [f"  {k:<10} {v:>6,}" for k, v in sorted(c["by_noise_level"].items())]
+        lines += [f"  {k:<16} {v:>6,}" for k, v in sorted(c["by_intent"].items())]
+        lines += [f"  {k:<10} {v:>6,}" for k, v in sorted(c["by_level"].items())]
+        lines.append("operator               candidates  verified  shipped")
+        for row in self.noise.by_operator():
+            lines.append(f"  {row['operator']:<22}{row['candidates']:>9,}{row['verified']:>10,}"
+                         f"{c['by_operator'].get(row['operator'], 0):>9,}")
+        lines.append("timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in self.timings.items()))
+        lines.append(f"wrote {self.out}")
+        return "\n".join(lines)
+
+
+def _counts(pairs: list[dict], key) -> dict:
+    return dict(sorted(Counter(key(p) for p in pairs).items()))
+
+
+def build(source: str, out: str | os.PathLike, seed: int, path: str | os.PathLike | None = None,
+          patients: int = 1000, per_template: int = PAIRS_PER_TEMPLATE, workers: int | None = None,
+          questions_per_template: int = DEFAULT_PER_TEMPLATE) -> BuildReport:
+    """Run the whole chain into ``out``; the same inputs and seed give byte-identical files."""
+    out = Path(out)
+    report = BuildReport(out)
+    clock = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        report.timings[name] = now - clock
+        clock = now
+
+    report.stage = stage(make_source(source, path, patients=patients, seed=seed), out / "staged")
+    lap("stage")
+    templates = load_templates()
+    questions, report.questions = generate_questions(out / "staged", seed, templates, questions_per_template)
+    lap("questions")
+    records, report.noise = candidate_records(out / "staged", questions, seed, workers=workers)
+    lap("noise")
+    report.pairs = ship(records, templates, seed, per_template)
+    report.manifest = export_benchmark(out, report.pairs, questions, report.questions.rejected, report.noise,
+                                       source_description(source, path, patients), seed)
+    lap("export")
+    return report
+
+
+def source_description(source: str, path, patients: int) -> dict:
+    return {"kind": source, "path": str(path) if path else None,
+            "patients": patients if source == "synthetic" else None}
+
+
+def ship(records: list[dict], templates, seed: int, per_template: int = PAIRS_PER_TEMPLATE) -> list[dict]:
+    """The verified records, balanced and capped, each with its template's split."""
+    selected = select_pairs([r for r in records if r["verified"]], seed, per_template)
+    splits = template_splits([p["template_id"] for p in selected], {t.id: (t.intent, t.level) for t in templates}, seed)
+    return [{**p, "split": splits[p["template_id"]]} for p in selected]
+
+
+def export_benchmark(out: Path, pairs: list[dict], questions: pa.Table, question_rejections: dict,
+                     noise: NoiseReport, source: dict, seed: int) -> dict:
+    """Write pairs, overlays, clean questions, manifest and dataset card into ``out``, atomically;
+    ``out/staged`` must hold the staged tables. Returns the manifest."""
+    folder = AtomicFolder(out)
+    try:
+        files = {
+            "pairs.parquet": folder.write_parquet("pairs.parquet", pairs_table(pairs)),
+            "overlays.parquet": folder.write_parquet("overlays.parquet", overlays_table(pairs)),
+            "clean_questions.parquet": folder.write_parquet("clean_questions.parquet", questions),
+        }
+        suite = validate_parquet(files["pairs.parquet"], "benchmark/pairs")
+        if suite.errors:
+            raise BuildError("pairs.parquet fails its expectation suite: "
+                             + "; ".join(f"{o.describe()} ({o.unexpected_count} unexpected)" for o in suite.errors))
+        staged = {t: staged_path(out / "staged", t) for t in TABLES}
+        manifest = {
+            "seed": seed,
+            "source": source,
+            "code_version": code_version(),
+            "inputs": {
+                "staged_tables": {t: sha256(p) for t, p in staged.items() if p.exists()},
+                "absent_tables": sorted(t for t, p in staged.items() if not p.exists()),
+                "templates_sha256": templates_fingerprint(TEMPLATES_DIR),
+            },
+            "counts": {
+                "clean_questions": questions.num_rows,
+                "candidates": sum(noise.proposed.values()),
+                "verified": sum(noise.verified.values()),
+                "pairs": len(pairs),
+                "by_intent": _counts(pairs, lambda p: p["intent"]),
+                "by_level": _counts(pairs, lambda p: p["level"]),
+                "by_noise_level": _counts(pairs, lambda p: p["noise_level"]),
+                "by_operator": _counts(pairs, lambda p: p["operator"]),
+                "by_split": _counts(pairs, lambda p: p["split"]),
+                "by_intent_level_noise_operator": {
+                    "|".join(k): v for k, v in _counts(
+                        pairs, lambda p: (p["intent"], p["level"], p["noise_level"], p["operator"])).items()},
+            },
+            "rejected": {
+                "clean_questions": dict(sorted(question_rejections.items())),
+                "candidates_by_check": {f"{op}|{check}": n for (op, check), n in sorted(noise.rejected.items())},
+                "not_applicable": dict(sorted(noise.not_applicable.items())),
+            },
+            "expectations": {"suite": suite.suite, "success": suite.success, "rows": suite.rows,
+                             "failed": [o.describe() for o in suite.errors + suite.warnings]},
+            "outputs": {name: sha256(tmp) for name, tmp in files.items()},
+        }
+        folder.write_text("manifest.json", manifest_json(manifest))
+        folder.write_text("README.md", dataset_card(manifest))
+        folder.commit()
+        return manifest
+    except BaseException:
+        folder.abort()
+        raise

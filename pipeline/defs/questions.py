@@ -1,0 +1,82 @@
+"""Question stage: clean questions from the templates, with an audit of what was kept and why."""
+
+import json
+from collections import Counter
+
+import dagster as dg
+import pyarrow.parquet as pq
+
+from pipeline.defs.resources import BenchmarkRun
+from pipeline.questions.generate import generate_questions, write_parquet
+from pipeline.questions.templates import INTENTS, LEVELS
+from pipeline.schema import TABLES
+
+SAMPLES_PER_CELL = 2
+
+
+def questions_path(run: BenchmarkRun):
+    return run.run_dir / "clean_questions.parquet"
+
+
+def question_rejections_path(run: BenchmarkRun):
+    return run.run_dir / "clean_questions_rejected.json"
+
+
+def _markdown_table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _samples(rows: list[dict]) -> str:
+    seen: Counter = Counter()
+    parts = []
+    for r in rows:
+        cell = (r["intent"], r["level"])
+        if seen[cell] >= SAMPLES_PER_CELL:
+            continue
+        seen[cell] += 1
+        parts += [f"**{r['intent']} / {r['level']}** — `{r['template_id']}`", "",
+                  f"> {r['question']}", "", f"Answer: `{r['answer']}`", "", "```sql", r["gold_sql"], "```", ""]
+    return "\n".join(parts)
+
+
+@dg.asset(group_name="questions", deps=list(TABLES), kinds={"duckdb", "parquet"})
+def clean_questions(context: dg.AssetExecutionContext, benchmark_run: BenchmarkRun) -> dg.MaterializeResult:
+    """Clean questions: every template instantiated with seeded slots, answered by its gold SQL,
+    kept only when the answer is non-empty and its evidence rows pass the clean-evidence filter."""
+    table, report = generate_questions(benchmark_run.staged_dir, benchmark_run.seed,
+                                       per_template=benchmark_run.questions_per_template)
+    write_parquet(table, questions_path(benchmark_run))
+    question_rejections_path(benchmark_run).write_text(json.dumps(dict(sorted(report.rejected.items()))))
+    for template_id, reason in report.skipped.items():
+        context.log.warning(f"template {template_id} skipped: {reason}")
+    rows = table.to_pylist()
+    cells = [[i] + [report.cells[(i, lvl)] for lvl in LEVELS] for i in INTENTS]
+    return dg.MaterializeResult(metadata={
+        "dagster/row_count": table.num_rows,
+        "path": dg.MetadataValue.path(str(questions_path(benchmark_run))),
+        "seconds": round(report.seconds, 1),
+        "by_intent_and_level": dg.MetadataValue.md(_markdown_table(["intent", *LEVELS], cells)),
+        "by_template": dg.MetadataValue.md(_markdown_table(
+            ["template", "clean questions", "rejected"],
+            [[t, n, json.dumps(dict(report.rejected_by_template.get(t, {})))] for t, n in sorted(report.questions.items())])),
+        "rejected_by_reason": dg.MetadataValue.md(_markdown_table(
+            ["reason", "candidates"], sorted(report.rejected.items()))),
+        "skipped_templates": dg.MetadataValue.md(_markdown_table(
+            ["template", "why"], sorted(report.skipped.items())) if report.skipped else "None."),
+        "samples": dg.MetadataValue.md(_samples(rows)),
+    })
+
+
+@dg.asset_check(asset=clean_questions, description="Every intent × level cell has clean questions; ids unique.")
+def clean_questions_cover_all_cells(benchmark_run: BenchmarkRun) -> dg.AssetCheckResult:
+    rows = pq.read_table(questions_path(benchmark_run), columns=["question_id", "intent", "level"]).to_pylist()
+    cells = Counter((r["intent"], r["level"]) for r in rows)
+    empty = [f"{i}/{lvl}" for i in INTENTS for lvl in LEVELS if not cells[(i, lvl)]]
+    duplicates = len(rows) - len({r["question_id"] for r in rows})
+    return dg.AssetCheckResult(passed=not empty and not duplicates,
+                               metadata={"empty_cells": ", ".join(empty) or "none", "duplicate_ids": duplicates})
+
+
+defs = dg.Definitions(assets=[clean_questions], asset_checks=[clean_questions_cover_all_cells])

@@ -1,0 +1,1 @@
+"""Noise stage: perturbation operators, overlay databases, pair verification, benchmark export."""

@@ -1,0 +1,90 @@
+"""Propose candidate pairs: every admitted operator, on every clean question, with its own RNG."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.noise.model import Candidate, CleanQuestion
+from pipeline.noise.operators import OPERATORS
+from pipeline.noise.overlay import Database
+from pipeline.questions.templates import Template
+
+DEFAULT_OPERATORS_PER_QUESTION = 2
+LEVELS = ("record", "value", "query")
+LEVELS_WITHOUT_VALUE = ("record", "query")
+
+
+def stable_int(*parts) -> int:
+    return int.from_bytes(hashlib.sha256("|".join(map(str, parts)).encode()).digest()[:8], "big")
+
+
+def operator_rng(seed: int, question_id: str, operator: str) -> np.random.Generator:
+    """The RNG of one (question, operator): independent of everything else in the run."""
+    return np.random.default_rng([seed, stable_int(question_id, operator)])
+
+
+@dataclass
+class CandidateReport:
+    proposed: Counter = field(default_factory=Counter)  # operator -> candidates
+    not_applicable: Counter = field(default_factory=Counter)  # operator -> questions it declined
+    seconds: float = 0.0
+
+
+def entity_pools(questions: list[CleanQuestion]) -> dict[str, list]:
+    """Per template, the entity values its clean questions use: real, data-backed alternatives."""
+    pools: dict[str, set] = {}
+    for q in questions:
+        spec = q.template.noise.get("entity_slot")
+        if spec and isinstance(q.slots.get(spec["slot"]), str):
+            pools.setdefault(q.template.id, set()).add(q.slots[spec["slot"]])
+    return {t: sorted(v) for t, v in pools.items()}
+
+
+def load_questions(table: pa.Table, templates: list[Template]) -> list[CleanQuestion]:
+    by_id = {t.id: t for t in templates}
+    return [CleanQuestion.from_row(r, by_id) for r in table.to_pylist() if r["template_id"] in by_id]
+
+
+def run_operator(db: Database, q: CleanQuestion, name: str, seed: int, pools: dict) -> Candidate | None:
+    params = {"entity_pool": pools.get(q.template.id, [])}
+    return OPERATORS[name].fn(db, q, params, operator_rng(seed, q.question_id, name))
+
+
+def propose(db: Database, questions: list[CleanQuestion], seed: int,
+            per_question: int = DEFAULT_OPERATORS_PER_QUESTION) -> tuple[list[Candidate], CandidateReport]:
+    """Up to ``per_question`` candidates per question, each from a different noise level.
+
+    Value-level noise applies to the fewest questions, so it is tried first; the other levels
+    follow in a seeded order, and within a level the admitted operators are tried in a seeded
+    order until one applies."""
+    started = time.perf_counter()
+    report = CandidateReport()
+    pools = entity_pools(questions)
+    out: list[Candidate] = []
+    for q in questions:
+        rng = np.random.default_rng([seed, stable_int(q.question_id)])
+        admitted = [o for o in q.template.noise["operators"] if o in OPERATORS]
+        order = ["value"] + [LEVELS_WITHOUT_VALUE[i] for i in rng.permutation(len(LEVELS_WITHOUT_VALUE))]
+        taken = 0
+        for level in order:
+            ops = [o for o in admitted if OPERATORS[o].level == level]
+            for k in rng.permutation(len(ops)) if ops else []:
+                if taken >= per_question:
+                    break
+                name = ops[k]
+                cand = run_operator(db, q, name, seed, pools)
+                if cand is None:
+                    report.not_applicable[name] += 1
+                    continue
+                report.proposed[name] += 1
+                out.append(cand)
+                taken += 1
+                break
+    report.seconds = time.perf_counter() - started
+    return out, report

@@ -1,0 +1,190 @@
+"""Writing a benchmark folder: pairs, overlays, manifest, dataset card — all or nothing.
+
+Every file is written under a temporary name and renamed into place only after all of them
+(and their expectation suite) succeeded, so a reader never sees a half-written benchmark.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.staging import PARQUET_OPTIONS
+
+PAIR_COLUMNS = [
+    ("pair_id", pa.string()), ("seed", pa.int64()), ("question_id", pa.string()),
+    ("template_id", pa.string()), ("intent", pa.string()), ("level", pa.string()),
+    ("noise_level", pa.string()), ("operator", pa.string()), ("clean_question", pa.string()),
+    ("noisy_question", pa.string()), ("gold_sql", pa.string()), ("answer_type", pa.string()),
+    ("clean_answer", pa.string()), ("naive_sql", pa.string()), ("expected_behavior", pa.string()),
+    ("expected_answer", pa.string()), ("discrepancy", pa.string()), ("evidence", pa.string()),
+    ("verification", pa.string()), ("split", pa.string()), ("change_log", pa.string()),
+    ("noisy_slots", pa.string()),
+]
+PAIRS_SCHEMA = pa.schema(PAIR_COLUMNS)
+CANDIDATES_SCHEMA = pa.schema([f for f in PAIR_COLUMNS if f[0] != "split"] + [
+    ("verified", pa.bool_()), ("failed_check", pa.string()), ("changes", pa.string())])
+OVERLAYS_SCHEMA = pa.schema([
+    ("pair_id", pa.string()), ("table_name", pa.string()), ("op", pa.string()), ("rid", pa.int64()),
+    ("column_name", pa.string()), ("new_value", pa.string()),
+])
+
+
+def pairs_table(pairs: list[dict]) -> pa.Table:
+    return pa.Table.from_pylist([{k: p.get(k) for k, _ in PAIR_COLUMNS} for p in pairs], schema=PAIRS_SCHEMA)
+
+
+def shipped_table(pairs: list[dict]) -> pa.Table:
+    """Shipped pairs with their overlay (``changes``) kept alongside, before export splits them."""
+    return pairs_table(pairs).append_column("changes", pa.array([p["changes"] for p in pairs], pa.string()))
+
+
+def candidates_table(records: list[dict]) -> pa.Table:
+    """All candidates of a run, verified or not, with their overlay (``changes``) as JSON."""
+    return pa.Table.from_pylist([{f.name: r.get(f.name) for f in CANDIDATES_SCHEMA} for r in records],
+                                schema=CANDIDATES_SCHEMA)
+
+
+def overlays_table(pairs: list[dict]) -> pa.Table:
+    rows = [{"pair_id": p["pair_id"], "table_name": t, "op": op, "rid": rid, "column_name": col, "new_value": new}
+            for p in pairs for t, op, rid, col, new in json.loads(p["changes"])]
+    return pa.Table.from_pylist(rows, schema=OVERLAYS_SCHEMA)
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def code_version() -> dict:
+    try:
+        pkg = version("ehr-robustgym")
+    except PackageNotFoundError:
+        pkg = "unknown"
+    repo = Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
+                                timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = "unknown"
+    return {"package": pkg, "git_commit": commit}
+
+
+def templates_fingerprint(templates_dir: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(templates_dir.glob("*.yaml")):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+class AtomicFolder:
+    """Collects files under temporary names inside ``out``; :meth:`commit` renames them all."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.pending: list[tuple[Path, Path]] = []
+        out.mkdir(parents=True, exist_ok=True)
+
+    def path(self, name: str) -> Path:
+        final = self.out / name
+        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+        self.pending.append((tmp, final))
+        return tmp
+
+    def write_parquet(self, name: str, table: pa.Table) -> Path:
+        tmp = self.path(name)
+        pq.write_table(table, tmp, compression=PARQUET_OPTIONS["compression"],
+                       compression_level=PARQUET_OPTIONS["compression_level"])
+        return tmp
+
+    def write_text(self, name: str, text: str) -> Path:
+        tmp = self.path(name)
+        tmp.write_text(text, encoding="utf-8")
+        return tmp
+
+    def commit(self) -> None:
+        for tmp, final in self.pending:
+            os.replace(tmp, final)
+        self.pending.clear()
+
+    def abort(self) -> None:
+        for tmp, _ in self.pending:
+            tmp.unlink(missing_ok=True)
+        self.pending.clear()
+
+
+def dataset_card(manifest: dict) -> str:
+    counts = manifest["counts"]
+    lines = [
+        "---",
+        "license: odbl" if manifest["source"]["kind"] in ("demo", "mimic") else "license: apache-2.0",
+        "pretty_name: EHR-RobustGym Clean-Noise pairs",
+        "task_categories:",
+        "- question-answering",
+        "tags:",
+        "- ehr",
+        "- mimic-iv",
+        "- robustness",
+        "- text-to-sql",
+        "configs:",
+        "- config_name: default",
+        "  data_files:",
+        "  - split: all",
+        "    path: pairs.parquet",
+        "- config_name: overlays",
+        "  data_files:",
+        "  - split: all",
+        "    path: overlays.parquet",
+        "---",
+        "",
+        f"# EHR-RobustGym benchmark — {manifest['source']['kind']}, seed {manifest['seed']}",
+        "",
+        f"{counts['pairs']:,} verified Clean–Noise pairs over MIMIC-IV-shaped data. Each pair holds a",
+        "clean clinical question with its gold SQL and answer, and a noisy twin: the same question on a",
+        "database perturbed by a small overlay (record or value level), or a rewritten question (query",
+        "level), with the behaviour a careful agent should show (`answer`, `abstain` or `flag`).",
+        "Every pair passed five mechanical checks (clean, effect, detectable, local, deterministic);",
+        "see the `verification` column.",
+        "",
+        "```python",
+        "from datasets import load_dataset",
+        'pairs = load_dataset("parquet", data_files="pairs.parquet")["train"]',
+        'test = pairs.filter(lambda p: p["split"] == "test")',
+        "```",
+        "",
+        "The `split` column assigns whole templates to `train`, `dev` or `test`. A pair's noisy",
+        "database is `staged/<table>.parquet` with the rows of `overlays.parquet` for its `pair_id`",
+        "applied (delete a `_rid`, insert a row, update a cell).",
+        "",
+        "| noise level | pairs |", "|---|---|",
+        *[f"| {k} | {v:,} |" for k, v in sorted(counts["by_noise_level"].items())],
+        "",
+        "| intent | pairs |", "|---|---|",
+        *[f"| {k} | {v:,} |" for k, v in sorted(counts["by_intent"].items())],
+        "",
+        "| operator | pairs |", "|---|---|",
+        *[f"| {k} | {v:,} |" for k, v in sorted(counts["by_operator"].items())],
+        "",
+        "Source data: " + ("MIMIC-IV Clinical Database Demo v2.2 (ODbL 1.0; Johnson et al., PhysioNet 2023)."
+                           if manifest["source"]["kind"] == "demo" else
+                           "credentialed MIMIC-IV v2.2 (PhysioNet credentialed licence: do not share)."
+                           if manifest["source"]["kind"] == "mimic" else
+                           "the built-in synthetic MIMIC-IV generator (no real patients)."),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def manifest_json(manifest: dict) -> str:
+    return json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n"

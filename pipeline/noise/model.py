@@ -1,0 +1,101 @@
+"""What the noise stage passes around: clean questions in, candidate pairs out."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from pipeline.noise.overlay import Overlay
+from pipeline.questions.answers import AnswerError, normalise
+from pipeline.questions.templates import Template, render
+
+LEVELS = ("record", "value", "query")
+BEHAVIORS = ("answer", "abstain", "flag")
+AMBIGUOUS = "<ambiguous>"
+
+
+@dataclass(frozen=True)
+class CleanQuestion:
+    """One row of ``clean_questions`` with its template, ready for perturbation."""
+
+    question_id: str
+    template: Template
+    slots: dict
+    variant: int
+    question: str
+    gold_sql: str
+    answer: str  # normalised JSON text
+    evidence: dict  # table -> sorted _rids
+
+    @classmethod
+    def from_row(cls, row: dict, templates: dict[str, Template]) -> "CleanQuestion":
+        return cls(row["question_id"], templates[row["template_id"]], json.loads(row["slots"]),
+                   int(row["variant"]), row["question"], row["gold_sql"], row["answer"],
+                   json.loads(row["evidence"]))
+
+    @property
+    def answer_type(self) -> str:
+        return self.template.answer_type
+
+    @property
+    def noise(self) -> dict:
+        return self.template.noise
+
+    @property
+    def evidence_table(self) -> str:
+        return self.template.noise["evidence_table"]
+
+    def evidence_rids(self, table: str | None = None) -> list[int]:
+        return list(self.evidence.get(table or self.evidence_table, []))
+
+    def rerender(self, slots: dict) -> tuple[str, str, str]:
+        """(question, gold_sql, evidence_sql) of this question's template and variant with ``slots``."""
+        return render(self.template, slots, self.variant)
+
+
+@dataclass(frozen=True)
+class Detector:
+    """How a careful agent could notice the noise from the data alone.
+
+    ``reason``: an evidence-filter reason (``pipeline.questions.evidence``) that must fire on the
+    noisy side within ``scope`` (table -> _rids) and not on the clean evidence. ``sql``/``clean_sql``:
+    a query returning a violation count, run on the noisy and the clean database.
+    """
+
+    reason: str | None = None
+    scope: dict = field(default_factory=dict)
+    sql: str | None = None
+    clean_sql: str | None = None
+
+
+@dataclass
+class Candidate:
+    question: CleanQuestion
+    operator: str
+    noise_level: str
+    discrepancy: str
+    overlay: Overlay
+    noisy_question: str
+    naive_sql: str
+    expected_behavior: str
+    expected_answer: str | None
+    detector: Detector
+    change_log: list[str]
+    noisy_slots: dict
+
+    def fingerprint(self) -> str:
+        """Everything the operator decided, as canonical text (the determinism check compares it)."""
+        return json.dumps({
+            "operator": self.operator, "question": self.noisy_question, "naive_sql": self.naive_sql,
+            "behavior": self.expected_behavior, "answer": self.expected_answer, "slots": self.noisy_slots,
+            "changes": [[c.table, c.op, c.rid, c.column, c.new_value_json()] for c in self.overlay.changes],
+            "detector": [self.detector.reason, self.detector.scope, self.detector.sql, self.detector.clean_sql],
+        }, sort_keys=True, default=str)
+
+
+def answer_of(rows: list[tuple], answer_type: str) -> str | None:
+    """Normalised answer of query rows; None when empty, :data:`AMBIGUOUS` when several."""
+    try:
+        return normalise(rows, answer_type)
+    except AnswerError as exc:
+        return AMBIGUOUS if exc.reason == "ambiguous_answer" else None

@@ -1,0 +1,233 @@
+"""Overlays: a pair's noisy database is the staged base plus a handful of row changes.
+
+The base tables live once in a DuckDB connection (schema ``base``); the tables queries see are
+views in ``main``. Applying an overlay replaces only the views of the tables it touches with
+``base rows minus changed rids UNION ALL patched rows``, where the patch is a tiny Arrow table.
+Opening a pair's noisy database therefore costs O(overlay), never a copy of the base.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from pipeline.schema import ROW_ID, TABLES
+from pipeline.staging import staged_path
+
+OPS = ("delete", "insert", "update")
+
+
+@dataclass(frozen=True)
+class Change:
+    """One overlay row: delete a row, insert a row (``new_value`` is the whole row), or update a cell."""
+
+    table: str
+    op: str
+    rid: int
+    column: str | None = None
+    new_value: object = None
+
+    def new_value_json(self) -> str | None:
+        if self.op == "delete":
+            return None
+        return json.dumps(self.new_value, default=_json_default, ensure_ascii=False, sort_keys=True,
+                          separators=(",", ":"))
+
+
+def _json_default(value):
+    if isinstance(value, (dt.datetime, dt.date)):
+        return value.isoformat(sep=" ") if isinstance(value, dt.datetime) else value.isoformat()
+    raise TypeError(f"cannot encode {type(value).__name__} in an overlay")
+
+
+@dataclass
+class Overlay:
+    changes: list[Change] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.changes)
+
+    @property
+    def tables(self) -> list[str]:
+        return sorted({c.table for c in self.changes})
+
+    def by_table(self) -> dict[str, list[Change]]:
+        grouped: dict[str, list[Change]] = defaultdict(list)
+        for c in self.changes:
+            grouped[c.table].append(c)
+        return grouped
+
+    def touched_rids(self) -> dict[str, set[int]]:
+        return {t: {c.rid for c in cs} for t, cs in self.by_table().items()}
+
+
+class Database:
+    """The staged base, loaded once, plus any number of overlays selectable by id.
+
+    Tables an overlay may touch are views ``base rows whose _rid is not removed by the active
+    overlay UNION ALL the active overlay's patched rows``; the active overlay is a session
+    variable, so switching between pairs is one ``SET VARIABLE`` and loading an overlay costs
+    O(its rows). Overlay id -1 is the clean base.
+    """
+
+    CLEAN = -1
+
+    def __init__(self, staged_dir: str | os.PathLike, tables: Iterable[str] | None = None):
+        self.staged_dir = Path(staged_dir)
+        # Many small queries: one thread avoids scheduling overhead that dwarfs their work.
+        self.con = duckdb.connect(config={"threads": 1})
+        for schema in ("base", "patch"):
+            self.con.execute(f"CREATE SCHEMA {schema}").fetchall()
+        self.tables: list[str] = []
+        for name in tables or TABLES:
+            path = staged_path(self.staged_dir, name)
+            if path.exists():
+                self.con.execute(f"CREATE TABLE base.{name} AS SELECT * FROM read_parquet('{path.as_posix()}')").fetchall()
+                self.con.execute(f"CREATE VIEW main.{name} AS SELECT * FROM base.{name}").fetchall()
+                self.tables.append(name)
+        self.next_rid = {t: self.scalar(f"SELECT coalesce(max({ROW_ID}), -1) + 1 FROM base.{t}") for t in self.tables}
+        self._overlaid: set[str] = set()
+        self._names: set[str] = set()
+        self._next_id = 0
+        self.use(self.CLEAN)
+
+    def close(self) -> None:
+        self.con.close()
+
+    def has(self, name: str) -> bool:
+        return name in self.tables
+
+    def rows(self, sql: str) -> list[tuple]:
+        return self.con.execute(sql).fetchall()
+
+    def scalar(self, sql: str):
+        rows = self.rows(sql)
+        return rows[0][0] if rows else None
+
+    def records(self, sql: str) -> list[dict]:
+        return self.con.sql(sql).to_arrow_table().to_pylist()
+
+    def base_rows(self, table: str, rids: Iterable[int]) -> list[dict]:
+        rids = sorted(set(rids))
+        if not rids:
+            return []
+        return self.records(f"SELECT * FROM base.{table} WHERE {ROW_ID} IN ({', '.join(map(str, rids))}) "
+                            f"ORDER BY {ROW_ID}")
+
+    def names(self, dictionary: str, column: str) -> str:
+        """A table of the distinct names in ``dictionary.column`` (with lower case and length), built
+        once: name look-ups and edit-distance searches then scan only names of similar length."""
+        name = f"names.{dictionary}__{column}"
+        if name not in self._names:
+            self.con.execute("CREATE SCHEMA IF NOT EXISTS names").fetchall()
+            self.con.execute(f"CREATE TABLE {name} AS SELECT DISTINCT {column} AS name, lower({column}) AS lname, "
+                             f"length({column}) AS len FROM base.{dictionary} WHERE {column} IS NOT NULL").fetchall()
+            self._names.add(name)
+        return name
+
+    def use(self, overlay_id: int) -> None:
+        """Make unqualified table names show the base with overlay ``overlay_id`` applied."""
+        self.con.execute(f"SET VARIABLE overlay_id = {int(overlay_id)}").fetchall()
+
+    def load(self, overlays: dict[int, Overlay]) -> None:
+        """Register overlays under their ids, in bulk: one insert per touched table."""
+        removed: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        patched: dict[str, list[dict]] = defaultdict(list)
+        for oid, overlay in overlays.items():
+            for table, changes in overlay.by_table().items():
+                removed[table] += [(oid, rid) for rid in sorted({c.rid for c in changes if c.op != "insert"})]
+                patched[table] += [{**row, "overlay_id": oid} for row in self._patch_rows(table, changes)]
+        for table in sorted(set(removed) | set(patched)):
+            self._make_overlayable(table)
+            if removed[table]:
+                ids, rids = zip(*removed[table])
+                self._insert(f"patch.{table}_removed", pa.table({"overlay_id": pa.array(ids, pa.int64()),
+                                                                 ROW_ID: pa.array(rids, pa.int64())}))
+            if patched[table]:
+                schema = TABLES[table].arrow_schema.append(pa.field("overlay_id", pa.int64()))
+                self._insert(f"patch.{table}_rows",
+                             pa.Table.from_pylist([_coerce(r, schema) for r in patched[table]], schema=schema))
+
+    @contextmanager
+    def noisy(self, overlay: Overlay) -> Iterator["Database"]:
+        """Within the block, unqualified table names show the base with ``overlay`` applied."""
+        oid = self.new_id()
+        self.load({oid: overlay})
+        self.use(oid)
+        try:
+            yield self
+        finally:
+            self.use(self.CLEAN)
+            self.unload(oid, overlay.tables)
+
+    def new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    def unload(self, overlay_id: int, tables: Iterable[str] | None = None) -> None:
+        """Forget overlay ``overlay_id`` (in ``tables``, default every overlaid table)."""
+        for table in sorted(self._overlaid if tables is None else tables):
+            for part in ("removed", "rows"):
+                self.con.execute(f"DELETE FROM patch.{table}_{part} WHERE overlay_id = {int(overlay_id)}").fetchall()
+
+    def _insert(self, target: str, data: pa.Table) -> None:
+        self.con.register("__incoming", data)
+        try:
+            self.con.execute(f"INSERT INTO {target} BY NAME SELECT * FROM __incoming").fetchall()
+        finally:
+            self.con.unregister("__incoming")
+
+    def _make_overlayable(self, table: str) -> None:
+        if table in self._overlaid:
+            return
+        self.con.execute(f"CREATE TABLE patch.{table}_removed (overlay_id BIGINT, {ROW_ID} BIGINT)").fetchall()
+        self.con.execute(f"CREATE TABLE patch.{table}_rows AS SELECT *, 0::BIGINT AS overlay_id "
+                         f"FROM base.{table} LIMIT 0").fetchall()
+        self.con.execute(
+            f"CREATE OR REPLACE VIEW main.{table} AS SELECT * FROM base.{table} WHERE {ROW_ID} NOT IN "
+            f"(SELECT {ROW_ID} FROM patch.{table}_removed WHERE overlay_id = getvariable('overlay_id')) "
+            f"UNION ALL SELECT * EXCLUDE (overlay_id) FROM patch.{table}_rows "
+            f"WHERE overlay_id = getvariable('overlay_id')").fetchall()
+        self._overlaid.add(table)
+
+    def _patch_rows(self, table: str, changes: list[Change]) -> list[dict]:
+        """Updated and inserted rows of ``table`` as whole records."""
+        updates: dict[int, dict] = defaultdict(dict)
+        for c in changes:
+            if c.op == "update":
+                updates[c.rid][c.column] = c.new_value
+        deleted = {c.rid for c in changes if c.op == "delete"}
+        rows = [{**row, **updates[row[ROW_ID]]} for row in self.base_rows(table, updates)
+                if row[ROW_ID] not in deleted]
+        return rows + [{**c.new_value, ROW_ID: c.rid} for c in changes if c.op == "insert"]
+
+
+def _coerce(row: dict, schema: pa.Schema) -> dict:
+    """Values that arrived as JSON text (timestamps, dates) back to Python types for Arrow."""
+    out = {}
+    for f in schema:
+        v = row.get(f.name)
+        if isinstance(v, str) and pa.types.is_timestamp(f.type):
+            v = dt.datetime.fromisoformat(v)
+        elif isinstance(v, str) and pa.types.is_date(f.type):
+            v = dt.date.fromisoformat(v)
+        out[f.name] = v
+    return out
+
+
+def changes_from_records(records: Iterable[dict]) -> Overlay:
+    """Rebuild an overlay from ``overlays.parquet`` rows (JSON ``new_value`` decoded)."""
+    changes = []
+    for r in records:
+        value = json.loads(r["new_value"]) if r.get("new_value") is not None else None
+        changes.append(Change(r["table_name"], r["op"], int(r["rid"]), r.get("column_name"), value))
+    return Overlay(changes)

@@ -1,0 +1,141 @@
+"""Mechanical verification of candidate pairs, by executing SQL (SPEC §4).
+
+- clean: the gold SQL on the clean base reproduces the stored, non-empty answer;
+- local: the noisy tables differ from the clean ones exactly by the overlay (checked cell by cell);
+- effect: the naive SQL on the noisy database does not give the expected outcome (the expected
+  answer, or — when the right behaviour carries none — the clean answer): the noise matters;
+- detectable: the operator's detector fires on the noisy database and not on the clean evidence;
+- deterministic: re-running the operator with the same seed proposes the same pair.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+
+from pipeline.noise.model import Candidate, answer_of
+from pipeline.noise.overlay import Database
+from pipeline.questions.evidence import evidence_violations
+from pipeline.schema import ROW_ID, TABLES
+
+CHECKS = ("clean", "local", "effect", "detectable", "deterministic")  # in the order they run
+
+
+def expected_outcome(c: Candidate) -> str | None:
+    """What the naive reading must not match for the noise to matter."""
+    if c.expected_behavior == "answer" or c.expected_answer is not None:
+        return c.expected_answer
+    return c.question.answer
+
+
+def verify_candidates(db: Database, candidates: list[Candidate],
+                      rerun: Callable[[Candidate], Candidate | None]) -> list[dict]:
+    """One verification record per candidate: each check's outcome plus what was measured.
+
+    Checks run in order (clean and local in bulk, then effect, detectable, deterministic per
+    candidate) and stop at the first failure: a rejected candidate records the check it failed.
+    """
+    overlays = {i: c.overlay for i, c in enumerate(candidates) if c.overlay}
+    ids = {i: db.new_id() for i in overlays}
+    db.load({ids[i]: o for i, o in overlays.items()})
+    try:
+        clean = _clean_answers(db, candidates)
+        local = _locality(db, candidates, ids)
+        records = [{"clean": clean[c.question.question_id], "local": local[i]} for i, c in enumerate(candidates)]
+        pending = [i for i, r in enumerate(records) if r["clean"] and r["local"]]
+        for i in pending:
+            c, rec = candidates[i], records[i]
+            db.use(ids.get(i, Database.CLEAN))
+            rec["naive_answer"] = answer_of(db.rows(c.naive_sql), c.question.answer_type)
+            rec["effect"] = rec["naive_answer"] != expected_outcome(c)
+            if rec["effect"]:
+                rec["detector_noisy"] = _detect(db, c)
+        db.use(Database.CLEAN)
+        detected = [i for i in pending if records[i].get("detector_noisy")]
+        clean_hits = _clean_detections(db, [candidates[i] for i in detected])
+        for i, hits in zip(detected, clean_hits):
+            records[i]["detector_clean"] = hits
+            records[i]["detectable"] = hits == 0
+            if records[i]["detectable"]:
+                again = rerun(candidates[i])
+                records[i]["deterministic"] = again is not None and again.fingerprint() == candidates[i].fingerprint()
+        return records
+    finally:
+        db.use(Database.CLEAN)
+        for i, oid in ids.items():
+            db.unload(oid, overlays[i].tables)
+
+
+def failed_checks(record: dict) -> list[str]:
+    """Checks not passed, in check order (checks after the first failure never ran)."""
+    return [k for k in CHECKS if not record.get(k)]
+
+
+def _clean_answers(db: Database, candidates: list[Candidate]) -> dict[str, bool]:
+    db.use(Database.CLEAN)
+    out: dict[str, bool] = {}
+    for c in candidates:
+        q = c.question
+        if q.question_id not in out:
+            answer = answer_of(db.rows(q.gold_sql), q.answer_type)
+            out[q.question_id] = answer is not None and answer == q.answer
+    return out
+
+
+def _scope_rows(c: Candidate) -> list[tuple[str, int]]:
+    return [(t, r) for t, rids in c.detector.scope.items() for r in rids]
+
+
+def _clean_detections(db: Database, candidates: list[Candidate]) -> list[int]:
+    """Detector hits on the clean database: all evidence-rule detectors in one batch."""
+    db.use(Database.CLEAN)
+    batch = {i: _scope_rows(c) for i, c in enumerate(candidates) if c.detector.reason}
+    found = evidence_violations(db.con, batch, set(db.tables)) if batch else {}
+    hits = []
+    for i, c in enumerate(candidates):
+        if c.detector.reason:
+            hits.append(int(c.detector.reason in found.get(i, set())))
+        else:
+            hits.append(int(db.scalar(c.detector.clean_sql) or 0))
+    return hits
+
+
+def _detect(db: Database, c: Candidate) -> int:
+    """Detector hits on the noisy database (the active overlay)."""
+    if c.detector.reason:
+        found = evidence_violations(db.con, {0: _scope_rows(c)}, set(db.tables), {c.detector.reason})
+        return int(c.detector.reason in found.get(0, set()))
+    return int(db.scalar(c.detector.sql) or 0)
+
+
+def _locality(db: Database, candidates: list[Candidate], ids: dict[int, int]) -> list[bool]:
+    """Cell-by-cell comparison of every overlay's patched rows with the base, in SQL per table."""
+    observed: dict[tuple[int, str], tuple] = {}
+    for table in sorted({t for c in candidates for t in c.overlay.tables}):
+        diff = " + ".join(f"(p.\"{col}\" IS DISTINCT FROM b.\"{col}\")::INT" for col in TABLES[table].column_names)
+        for oid, cells, inserted in db.rows(
+                f"SELECT p.overlay_id, sum(CASE WHEN b.{ROW_ID} IS NULL THEN 0 ELSE {diff} END), "
+                f"count(*) FILTER (WHERE b.{ROW_ID} IS NULL) FROM patch.{table}_rows p "
+                f"LEFT JOIN base.{table} b USING ({ROW_ID}) GROUP BY 1"):
+            observed[(oid, table)] = (int(cells), int(inserted))
+        for oid, missing, kept, total in db.rows(
+                f"SELECT r.overlay_id, count(*) FILTER (WHERE b.{ROW_ID} IS NULL), "
+                f"count(*) FILTER (WHERE p.{ROW_ID} IS NOT NULL), count(*) FROM patch.{table}_removed r "
+                f"LEFT JOIN base.{table} b USING ({ROW_ID}) "
+                f"LEFT JOIN patch.{table}_rows p ON p.overlay_id = r.overlay_id AND p.{ROW_ID} = r.{ROW_ID} "
+                f"GROUP BY 1"):
+            observed[(oid, f"{table}#removed")] = (int(missing), int(kept), int(total))
+    result = []
+    for i, c in enumerate(candidates):
+        ok = True
+        for table, changes in c.overlay.by_table().items():
+            declared = defaultdict(int)
+            for ch in changes:
+                declared[ch.op] += 1
+            updated_rids = {ch.rid for ch in changes if ch.op == "update"}
+            cells, inserted = observed.get((ids[i], table), (0, 0))
+            missing, kept, removed = observed.get((ids[i], f"{table}#removed"), (0, 0, 0))
+            ok &= (cells == declared["update"] and inserted == declared["insert"] and missing == 0
+                   and kept == len(updated_rids) and removed - kept == declared["delete"])
+        result.append(ok)
+    return result

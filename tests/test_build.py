@@ -1,0 +1,81 @@
+"""End to end on the real demo: build a (small) benchmark, check its contract, determinism."""
+
+from __future__ import annotations
+
+import json
+
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from pipeline.build import build
+from pipeline.noise.operators import OPERATORS
+from pipeline.noise.select import violations
+from pipeline.noise.verify import CHECKS
+from pipeline.noise.export import sha256
+
+QUESTIONS_PER_TEMPLATE = 3
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def demo_build(demo_path, tmp_path_factory):
+    out = tmp_path_factory.mktemp("build") / "seed0"
+    report = build("demo", out, 0, path=demo_path, questions_per_template=QUESTIONS_PER_TEMPLATE)
+    return out, report
+
+
+def test_every_shipped_pair_is_verified_and_balanced(demo_build):
+    out, report = demo_build
+    pairs = pq.read_table(out / "pairs.parquet").to_pylist()
+    assert len(pairs) > 400
+    for p in pairs:
+        checks = json.loads(p["verification"])
+        assert all(checks[c] for c in CHECKS), p["pair_id"]
+        assert p["expected_behavior"] in ("answer", "abstain", "flag")
+        assert p["noise_level"] == OPERATORS[p["operator"]].level
+    assert not violations(pairs)
+    assert len({p["operator"] for p in pairs}) >= 15
+    assert len({p["pair_id"] for p in pairs}) == len(pairs)
+    # A template never crosses splits.
+    splits = {}
+    for p in pairs:
+        assert splits.setdefault(p["template_id"], p["split"]) == p["split"]
+    assert set(splits.values()) == {"train", "dev", "test"}
+
+
+def test_overlays_belong_to_pairs_and_reopen(demo_build):
+    out, _ = demo_build
+    con = duckdb.connect()
+    orphans = con.sql(f"SELECT count(*) FROM '{out}/overlays.parquet' o ANTI JOIN '{out}/pairs.parquet' p "
+                      "USING (pair_id)").fetchall()[0][0]
+    assert orphans == 0
+    ops = {r[0] for r in con.sql(f"SELECT DISTINCT op FROM '{out}/overlays.parquet'").fetchall()}
+    assert ops <= {"delete", "insert", "update"} and "update" in ops
+    # Record and value pairs have overlays; query pairs rewrite the question instead.
+    levels = dict(con.sql(f"SELECT p.noise_level, count(o.pair_id) FROM '{out}/pairs.parquet' p "
+                          f"LEFT JOIN '{out}/overlays.parquet' o USING (pair_id) GROUP BY 1").fetchall())
+    assert levels["query"] == 0 and levels["record"] > 0 and levels["value"] > 0
+
+
+def test_manifest_and_card(demo_build):
+    out, report = demo_build
+    manifest = json.loads((out / "manifest.json").read_text())
+    for name, digest in manifest["outputs"].items():
+        assert sha256(out / name) == digest, name
+    assert manifest["counts"]["pairs"] == pq.ParquetFile(out / "pairs.parquet").metadata.num_rows
+    assert manifest["inputs"]["absent_tables"] == ["chartevents"]
+    assert manifest["expectations"]["success"] is True
+    card = (out / "README.md").read_text()
+    header = yaml.safe_load(card.split("---")[1])
+    assert header["configs"][0]["data_files"][0]["path"] == "pairs.parquet"
+
+
+def test_same_seed_same_bytes_other_seed_other_pairs(demo_build, demo_path, tmp_path):
+    out, _ = demo_build
+    build("demo", tmp_path / "again", 0, path=demo_path, questions_per_template=QUESTIONS_PER_TEMPLATE, workers=1)
+    for name in ("pairs.parquet", "overlays.parquet", "clean_questions.parquet"):
+        assert sha256(out / name) == sha256(tmp_path / "again" / name), name
+    build("demo", tmp_path / "seed1", 1, path=demo_path, questions_per_template=QUESTIONS_PER_TEMPLATE)
+    assert sha256(out / "pairs.parquet") != sha256(tmp_path / "seed1" / "pairs.parquet")
