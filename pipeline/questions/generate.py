@@ -2,19 +2,24 @@
 
 Per template: draw ``per_template * OVERSAMPLE`` candidates with the slot samplers (rng seeded by
 the run seed and the template id, so adding a template never changes another's sample), render,
-run the gold SQL in DuckDB, then the evidence SQL for all candidates in one query, drop those
-whose answer is empty or whose evidence fails :mod:`evidence`, and keep the first
-``per_template`` survivors in draw order. Output rows are sorted by ``question_id``.
+run the gold SQL in DuckDB, then the evidence SQL (each batched into one query per chunk of
+candidates), drop those whose answer is empty or whose evidence fails :mod:`evidence`, and keep
+the first ``per_template`` survivors in draw order. Templates run in parallel worker processes;
+output rows are sorted by ``question_id``, so the result does not depend on the worker count.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import multiprocessing
 import os
 import time
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from itertools import repeat
 from pathlib import Path
 
 import duckdb
@@ -69,6 +74,7 @@ def open_staged(staged_dir: str | os.PathLike) -> tuple[duckdb.DuckDBPyConnectio
     Dictionaries (``d_*``, the same size on the demo and on full MIMIC-IV) are loaded as tables:
     nearly every gold query joins one, and re-scanning their Parquet dominated query time."""
     con = duckdb.connect()
+    con.execute("SET enable_progress_bar = false")
     present = set()
     for name in TABLES:
         path = staged_path(staged_dir, name)
@@ -104,15 +110,40 @@ def draw_candidates(con, template: Template, rng: np.random.Generator, n: int) -
     return unique, n - len(given)
 
 
+def _batched(con, queries: dict[int, str], columns: str = "*") -> dict[int, list[tuple]]:
+    """Rows of each query, run as one UNION ALL tagged by key: these queries are small and their
+    cost is planning and per-query overhead, which one statement pays far less of than forty."""
+    union = "\nUNION ALL\n".join(f"SELECT {i} AS cand, {columns} FROM ({sql}) AS q{i}"
+                                 for i, sql in queries.items())
+    out: dict[int, list[tuple]] = {i: [] for i in queries}
+    for cand, *row in con.execute(union).fetchall():
+        out[cand].append(tuple(row))
+    return out
+
+
+def _gold_rows(con, template: Template, gold: dict[int, str]) -> dict[int, list[tuple]]:
+    """Gold rows per candidate. Batched unless the answer is a ``list`` (row order inside a union
+    branch is not guaranteed); slot values are never the answer column itself, so the union's
+    common column type is each query's own. A failing batch is re-run query by query, so an error
+    surfaces exactly as before."""
+    if template.answer_type != "list" and len(gold) > 1:
+        try:
+            return _batched(con, gold)
+        except duckdb.Error:
+            pass
+    return {i: con.execute(sql).fetchall() for i, sql in gold.items()}
+
+
 def _evaluate(con, template: Template, cands: list[tuple[dict, int]], present: set[str],
               rejected: Counter) -> list[dict]:
     """Rows of the clean candidates among ``cands`` (slots, variant), in order."""
+    rendered = {i: render(template, slots, variant) for i, (slots, variant) in enumerate(cands)}
+    gold_rows = _gold_rows(con, template, {i: gold for i, (_, gold, _) in rendered.items()})
     rows: dict[int, dict] = {}
-    evidence_sql: dict[int, str] = {}
     for i, (slots, variant) in enumerate(cands):
-        question, gold, ev = render(template, slots, variant)
+        question, gold, _ = rendered[i]
         try:
-            answer = normalise(con.execute(gold).fetchall(), template.answer_type)
+            answer = normalise(gold_rows[i], template.answer_type)
         except AnswerError as exc:
             rejected[exc.reason] += 1
             continue
@@ -121,14 +152,9 @@ def _evaluate(con, template: Template, cands: list[tuple[dict, int]], present: s
                        .hexdigest()[:16], template_id=template.id, intent=template.intent,
                        level=template.level, question=question, gold_sql=gold,
                        answer_type=template.answer_type, answer=answer, slots=slots_json, variant=variant)
-        evidence_sql[i] = ev
     if not rows:
         return []
-    union = "\nUNION ALL\n".join(f"SELECT {i} AS cand, table_name, _rid FROM ({sql}) AS q{i}"
-                                 for i, sql in evidence_sql.items())
-    evidence: dict[int, list[tuple[str, int]]] = {i: [] for i in rows}
-    for cand, table_name, rid in con.execute(union).fetchall():
-        evidence[cand].append((table_name, rid))
+    evidence = _batched(con, {i: rendered[i][2] for i in rows}, "table_name, _rid")
     bad = check_evidence(con, evidence, present)
     rejected.update(bad.values())
     out = []
@@ -142,46 +168,98 @@ def _evaluate(con, template: Template, cands: list[tuple[dict, int]], present: s
     return out
 
 
+@dataclass
+class _Result:
+    template_id: str
+    rows: list[dict] = field(default_factory=list)
+    rejected: Counter = field(default_factory=Counter)
+    skipped: str | None = None
+
+
+def _template_result(con, present: set[str], t: Template, seed: int, per_template: int) -> _Result:
+    """One template's clean rows, or why it was skipped. Candidates are evaluated in chunks sized
+    to what is still missing (scaled by the survival rate so far), so little work is spent past the
+    ``per_template``-th survivor; each candidate's verdict does not depend on its chunk, so the
+    kept rows are the same whatever the chunking."""
+    missing = sorted(t.tables_needed() - present)
+    if missing:
+        return _Result(t.id, skipped=f"needs absent table(s): {', '.join(missing)}")
+    rejected: Counter = Counter()
+    rng = np.random.default_rng([seed, _stable_int(t.id)])
+    try:
+        cands, no_slot = draw_candidates(con, t, rng, per_template * OVERSAMPLE)
+        rejected["no_slot_value"] += no_slot
+        variants = rng.integers(len(t.questions), size=len(cands))
+        pairs = [(c, int(v)) for c, v in zip(cands, variants)]
+        kept: list[dict] = []
+        start = 0
+        while start < len(pairs) and len(kept) < per_template:
+            need = per_template - len(kept)
+            size = need if not start else -(-need * start // max(len(kept), 1))
+            kept += _evaluate(con, t, pairs[start:start + size], present, rejected)
+            start += size
+    except duckdb.Error as exc:
+        return _Result(t.id, skipped=f"SQL error: {str(exc).splitlines()[0]}")
+    except Exception as exc:  # a worker's traceback would not say which template failed
+        exc.add_note(f"while generating questions for template {t.id!r}")
+        raise
+    return _Result(t.id, kept[:per_template], +rejected)
+
+
+_WORKER: dict = {}  # the worker process's own connection and present tables
+
+
+def _worker_init(staged_dir: str) -> None:
+    _WORKER["con"], _WORKER["present"] = open_staged(staged_dir)
+    _WORKER["con"].execute("SET threads = 1")
+
+
+def _worker_run(t: Template, seed: int, per_template: int) -> _Result:
+    return _template_result(_WORKER["con"], _WORKER["present"], t, seed, per_template)
+
+
+def _results(staged_dir, seed: int, templates: list[Template], per_template: int, workers: int):
+    """Per-template results in template order. Templates are independent (own rng, own rows), so
+    they run in ``workers`` spawned processes, each with its own single-threaded DuckDB: the
+    workload is thousands of small queries whose cost is planning, which one thread does best."""
+    if workers <= 1:
+        con, present = open_staged(staged_dir)
+        try:
+            con.execute("SET threads = 1")
+            yield from (_template_result(con, present, t, seed, per_template) for t in templates)
+        finally:
+            con.close()
+        return
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init,
+                             initargs=(str(staged_dir),)) as pool:
+        # compiled Jinja templates do not pickle; workers compile their own
+        plain = [dataclasses.replace(t, _compiled={}) for t in templates]
+        yield from pool.map(_worker_run, plain, repeat(seed), repeat(per_template))
+
+
 def generate_questions(staged_dir: str | os.PathLike, seed: int, templates: list[Template] | None = None,
-                       per_template: int = DEFAULT_PER_TEMPLATE,
-                       out: str | os.PathLike | None = None) -> tuple[pa.Table, QuestionReport]:
-    """Clean questions for ``templates`` (default: all in ``templates/``) over ``staged_dir``;
-    written atomically to ``out`` when given. Same inputs and seed give byte-identical output."""
+                       per_template: int = DEFAULT_PER_TEMPLATE, out: str | os.PathLike | None = None,
+                       workers: int | None = None) -> tuple[pa.Table, QuestionReport]:
+    """Clean questions for ``templates`` (default: all in ``templates/``) over ``staged_dir``, using
+    ``workers`` processes (default: one per CPU); written atomically to ``out`` when given. Same
+    inputs and seed give byte-identical output, whatever the number of workers."""
     started = time.perf_counter()
     templates = load_templates() if templates is None else templates
+    workers = min(workers or os.cpu_count() or 1, len(templates))
     report = QuestionReport()
-    con, present = open_staged(staged_dir)
     rows: list[dict] = []
-    try:
-        for t in templates:
-            missing = sorted(t.tables_needed() - present)
-            if missing:
-                report.skipped[t.id] = f"needs absent table(s): {', '.join(missing)}"
-                continue
-            rejected: Counter = Counter()
-            rng = np.random.default_rng([seed, _stable_int(t.id)])
-            try:
-                cands, no_slot = draw_candidates(con, t, rng, per_template * OVERSAMPLE)
-                rejected["no_slot_value"] += no_slot
-                variants = rng.integers(len(t.questions), size=len(cands))
-                pairs = [(c, int(v)) for c, v in zip(cands, variants)]
-                kept: list[dict] = []
-                for start in range(0, len(pairs), per_template):
-                    kept += _evaluate(con, t, pairs[start:start + per_template], present, rejected)
-                    if len(kept) >= per_template:
-                        break
-            except duckdb.Error as exc:
-                report.skipped[t.id] = f"SQL error: {str(exc).splitlines()[0]}"
-                continue
-            kept = kept[:per_template]
-            rows += kept
-            report.questions[t.id] = len(kept)
-            report.cells[(t.intent, t.level)] += len(kept)
-            rejected = +rejected
-            report.rejected.update(rejected)
-            report.rejected_by_template[t.id] = rejected
-    finally:
-        con.close()
+    by_id = {t.id: t for t in templates}
+    for res in _results(staged_dir, seed, templates, per_template, workers):
+        if res.skipped:
+            report.skipped[res.template_id] = res.skipped
+            continue
+        t = by_id[res.template_id]
+        rows += res.rows
+        report.questions[t.id] = len(res.rows)
+        report.cells[(t.intent, t.level)] += len(res.rows)
+        report.rejected.update(res.rejected)
+        report.rejected_by_template[t.id] = res.rejected
     rows.sort(key=lambda r: r["question_id"])
     table = pa.Table.from_pylist(rows, schema=SCHEMA)
     if out is not None:
