@@ -19,15 +19,12 @@ def _minimums(dimension: str) -> dict[str, float]:
     return {v: rule for v in values}
 
 
-def violations(pairs: list[dict]) -> list[tuple[str, str, int]]:
-    """(dimension, value, how many pairs of that value are missing) for every unmet minimum share."""
-    n = len(pairs)
+def violations(pairs: list[dict]) -> list[tuple[str, str]]:
+    """(dimension, value) of every unmet minimum share."""
     out = []
     for dim in MIN_SHARES:
         counts = Counter(p[dim] for p in pairs)
-        for value, share in _minimums(dim).items():
-            if counts[value] < share * n:
-                out.append((dim, value, int(share * n - counts[value]) + 1))
+        out += [(dim, value) for value, share in _minimums(dim).items() if counts[value] < share * len(pairs)]
     return out
 
 
@@ -58,7 +55,7 @@ def select_pairs(pairs: list[dict], seed: int, per_template: int, per_question: 
         unmet = violations(selected)
         if not unmet:
             break
-        dim, value, _ = unmet[0]
+        dim, value = unmet[0]
         counts = Counter(p[dim] for p in selected if p[dim] != value)
         if not counts:
             break
