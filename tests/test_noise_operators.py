@@ -428,8 +428,8 @@ CASES = [
     Case("implausible_value", "lab_be", "flag", None,  # Base Excess has negative values: no lower bound
          "SELECT valuenum FROM labevents WHERE labevent_id = 11", [(-3.0,)], lambda rows: rows[0][0] > 20,
          reason="implausible_value"),
-    Case("unit_label_mismatch", "lab_creat", "flag", "1.1",  # 1.1 mg/dL charted as 97.26 umol/L
-         "SELECT valuenum, valueuom FROM labevents WHERE labevent_id = 5", [(1.1, "mg/dL")], [(97.26, "umol/L")],
+    Case("unit_label_mismatch", "lab_creat", "flag", "1.1",  # 1.1 mg/dL charted as 97.262 umol/L
+         "SELECT valuenum, valueuom FROM labevents WHERE labevent_id = 5", [(1.1, "mg/dL")], [(97.262, "umol/L")],
          reason="unit_mismatch"),
     Case("value_text_conflict", "lab_k", "flag", None, K3.format("value, valuenum"), [("4.2", 4.2)],
          lambda rows: rows[0][0] == "4.2" and rows[0][1] != 4.2,

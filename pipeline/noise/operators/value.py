@@ -142,7 +142,7 @@ def unit_label_mismatch(db, q, params, rng):
     if conversion is None:
         return None
     unit, convert = conversion
-    new = round(convert(row[column]), 2)
+    new = float(f"{convert(row[column]):.6g}")  # enough digits to convert back exactly
     changes = [c for c in _value_changes(q, row, column, new) if c.column != "flag"]
     changes.append(update(q.evidence_table, row, rule.unit, unit))
     return record_candidate(q, "unit_label_mismatch", "value", "unit_mismatch", Overlay(changes), "flag",
