@@ -51,7 +51,8 @@ def test_whole_graph_materializes_on_the_demo(demo_path, tmp_path):
     run = BenchmarkRun(source="demo", path=str(demo_path), data_dir=str(tmp_path), seed=3,
                        questions_per_template=2)
     result = dg.materialize(
-        [sources.stage_mimic_tables, questions.clean_questions, questions.clean_questions_cover_all_cells,
+        [sources.stage_mimic_tables, questions.slot_pools, questions.clean_questions,
+         questions.clean_questions_cover_all_cells,
          noise.noise_candidates, noise.verified_pairs, noise.every_shipped_pair_is_verified, noise.benchmark,
          noise.pairs_expectations],
         resources={"benchmark_run": run})
@@ -60,7 +61,8 @@ def test_whole_graph_materializes_on_the_demo(demo_path, tmp_path):
     assert checks == {"clean_questions_cover_all_cells": True, "every_shipped_pair_is_verified": True,
                       "pairs_expectations": True}
     folder = tmp_path / "benchmark" / "demo" / "seed=3"
-    for name in ("pairs.parquet", "overlays.parquet", "manifest.json", "README.md", "clean_questions.parquet"):
+    for name in ("pairs.parquet", "overlays.parquet", "manifest.json", "README.md", "clean_questions.parquet",
+                 "slot_pools.parquet"):
         assert (folder / name).exists(), name
     audit = {e.asset_key.to_user_string(): e.materialization.metadata
              for e in result.get_asset_materialization_events()}

@@ -21,3 +21,15 @@ def test_worker_error_names_template(demo_staged):
     with pytest.raises(ValueError) as err:
         generate_questions(demo_staged, 0, [broken, *SUBSET[1:]], per_template=2, workers=2)
     assert broken.id in "".join(getattr(err.value, "__notes__", []))
+
+
+def test_slot_pools_feed_generation_unchanged(demo_staged):
+    """Generating from the audited slot pools gives exactly what drawing in place gives."""
+    from pipeline.questions.generate import generate_questions, slot_pools
+
+    templates = load_templates()[:12]
+    pools, skipped = slot_pools(demo_staged, 5, templates, per_template=4)
+    assert pools.num_rows and set(pools.column("template_id").to_pylist()) | set(skipped) == {t.id for t in templates}
+    direct, _ = generate_questions(demo_staged, 5, templates, per_template=4, workers=1)
+    pooled, _ = generate_questions(demo_staged, 5, templates, per_template=4, workers=2, pools=pools)
+    assert direct.equals(pooled) and direct.num_rows > 0

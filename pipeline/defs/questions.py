@@ -7,7 +7,7 @@ import dagster as dg
 import pyarrow.parquet as pq
 
 from pipeline.defs.resources import BenchmarkRun
-from pipeline.questions.generate import generate_questions, write_parquet
+from pipeline.questions.generate import generate_questions, slot_pools, write_parquet
 from pipeline.questions.templates import INTENTS, LEVELS
 from pipeline.schema import TABLES
 
@@ -16,6 +16,10 @@ SAMPLES_PER_CELL = 2
 
 def questions_path(run: BenchmarkRun):
     return run.run_dir / "clean_questions.parquet"
+
+
+def pools_path(run: BenchmarkRun):
+    return run.run_dir / "slot_pools.parquet"
 
 
 def question_rejections_path(run: BenchmarkRun):
@@ -42,11 +46,35 @@ def _samples(rows: list[dict]) -> str:
 
 
 @dg.asset(group_name="questions", deps=list(TABLES), kinds={"duckdb", "parquet"})
+def slot_pools(context: dg.AssetExecutionContext, benchmark_run: BenchmarkRun) -> dg.MaterializeResult:
+    """Every template's candidate slot values (patients, items, drugs, codes, windows, thresholds),
+    drawn by its seeded samplers from the staged data, in the order clean_questions evaluates them."""
+    table, skipped = slot_pools(benchmark_run.staged_dir, benchmark_run.seed,
+                                per_template=benchmark_run.questions_per_template)
+    write_parquet(table, pools_path(benchmark_run))
+    for template_id, reason in skipped.items():
+        context.log.warning(f"template {template_id} skipped: {reason}")
+    per_template = Counter(table.column("template_id").to_pylist())
+    examples = {}
+    for r in table.to_pylist():
+        examples.setdefault(r["template_id"], r["slots"])
+    return dg.MaterializeResult(metadata={
+        "dagster/row_count": table.num_rows,
+        "templates": len(per_template),
+        "by_template": dg.MetadataValue.md(_markdown_table(
+            ["template", "candidates", "first draw"], [[t, n, examples[t]] for t, n in sorted(per_template.items())])),
+        "skipped_templates": dg.MetadataValue.md(_markdown_table(
+            ["template", "why"], sorted(skipped.items())) if skipped else "None."),
+    })
+
+
+@dg.asset(group_name="questions", deps=[slot_pools], kinds={"duckdb", "parquet"})
 def clean_questions(context: dg.AssetExecutionContext, benchmark_run: BenchmarkRun) -> dg.MaterializeResult:
-    """Clean questions: every template instantiated with seeded slots, answered by its gold SQL,
+    """Clean questions: every template's slot-pool candidates rendered, answered by the gold SQL,
     kept only when the answer is non-empty and its evidence rows pass the clean-evidence filter."""
     table, report = generate_questions(benchmark_run.staged_dir, benchmark_run.seed,
-                                       per_template=benchmark_run.questions_per_template)
+                                       per_template=benchmark_run.questions_per_template,
+                                       pools=pq.read_table(pools_path(benchmark_run)))
     write_parquet(table, questions_path(benchmark_run))
     question_rejections_path(benchmark_run).write_text(json.dumps(dict(sorted(report.rejected.items()))))
     for template_id, reason in report.skipped.items():
@@ -79,4 +107,4 @@ def clean_questions_cover_all_cells(benchmark_run: BenchmarkRun) -> dg.AssetChec
                                metadata={"empty_cells": ", ".join(empty) or "none", "duplicate_ids": duplicates})
 
 
-defs = dg.Definitions(assets=[clean_questions], asset_checks=[clean_questions_cover_all_cells])
+defs = dg.Definitions(assets=[slot_pools, clean_questions], asset_checks=[clean_questions_cover_all_cells])

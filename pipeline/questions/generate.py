@@ -176,21 +176,28 @@ class _Result:
     skipped: str | None = None
 
 
-def _template_result(con, present: set[str], t: Template, seed: int, per_template: int) -> _Result:
-    """One template's clean rows, or why it was skipped. Candidates are evaluated in chunks sized
-    to what is still missing (scaled by the survival rate so far), so little work is spent past the
-    ``per_template``-th survivor; each candidate's verdict does not depend on its chunk, so the
-    kept rows are the same whatever the chunking."""
+def slot_pool(con, t: Template, seed: int, per_template: int) -> tuple[list[tuple[dict, int]], int]:
+    """The template's candidate (slots, paraphrase variant) pairs in draw order, and how many draws
+    found no valid slot value: the seeded first half of generation, auditable on its own."""
+    rng = np.random.default_rng([seed, _stable_int(t.id)])
+    cands, no_slot = draw_candidates(con, t, rng, per_template * OVERSAMPLE)
+    variants = rng.integers(len(t.questions), size=len(cands))
+    return [(c, int(v)) for c, v in zip(cands, variants)], no_slot
+
+
+def _template_result(con, present: set[str], t: Template, seed: int, per_template: int,
+                     pool: tuple[list[tuple[dict, int]], int] | None = None) -> _Result:
+    """One template's clean rows, or why it was skipped. Candidates (from ``pool``, or drawn now)
+    are evaluated in chunks sized to what is still missing (scaled by the survival rate so far), so
+    little work is spent past the ``per_template``-th survivor; each candidate's verdict does not
+    depend on its chunk, so the kept rows are the same whatever the chunking."""
     missing = sorted(t.tables_needed() - present)
     if missing:
         return _Result(t.id, skipped=f"needs absent table(s): {', '.join(missing)}")
     rejected: Counter = Counter()
-    rng = np.random.default_rng([seed, _stable_int(t.id)])
     try:
-        cands, no_slot = draw_candidates(con, t, rng, per_template * OVERSAMPLE)
+        pairs, no_slot = pool if pool is not None else slot_pool(con, t, seed, per_template)
         rejected["no_slot_value"] += no_slot
-        variants = rng.integers(len(t.questions), size=len(cands))
-        pairs = [(c, int(v)) for c, v in zip(cands, variants)]
         kept: list[dict] = []
         start = 0
         while start < len(pairs) and len(kept) < per_template:
@@ -206,6 +213,40 @@ def _template_result(con, present: set[str], t: Template, seed: int, per_templat
     return _Result(t.id, kept[:per_template], +rejected)
 
 
+POOL_SCHEMA = pa.schema([("template_id", pa.string()), ("position", pa.int32()), ("slots", pa.string()),
+                         ("variant", pa.int16()), ("no_slot_value", pa.int32())])
+
+
+def slot_pools(staged_dir: str | os.PathLike, seed: int, templates: list[Template] | None = None,
+               per_template: int = DEFAULT_PER_TEMPLATE) -> tuple[pa.Table, dict[str, str]]:
+    """Every template's candidate slots as a table (``no_slot_value`` repeats the template's count
+    of failed draws), and the templates skipped for absent tables. ``generate_questions(pools=...)``
+    evaluates exactly these candidates."""
+    templates = load_templates() if templates is None else templates
+    con, present = open_staged(staged_dir)
+    rows, skipped = [], {}
+    try:
+        for t in templates:
+            missing = sorted(t.tables_needed() - present)
+            if missing:
+                skipped[t.id] = f"needs absent table(s): {', '.join(missing)}"
+                continue
+            pairs, no_slot = slot_pool(con, t, seed, per_template)
+            rows += [{"template_id": t.id, "position": i, "slots": _json(c), "variant": v, "no_slot_value": no_slot}
+                     for i, (c, v) in enumerate(pairs)]
+    finally:
+        con.close()
+    return pa.Table.from_pylist(rows, schema=POOL_SCHEMA), skipped
+
+
+def _pools_by_template(table: pa.Table) -> dict[str, tuple[list[tuple[dict, int]], int]]:
+    out: dict[str, tuple[list, int]] = {}
+    for r in sorted(table.to_pylist(), key=lambda r: (r["template_id"], r["position"])):
+        pairs, _ = out.setdefault(r["template_id"], ([], r["no_slot_value"]))
+        pairs.append((json.loads(r["slots"]), r["variant"]))
+    return out
+
+
 _WORKER: dict = {}  # the worker process's own connection and present tables
 
 
@@ -214,11 +255,11 @@ def _worker_init(staged_dir: str) -> None:
     _WORKER["con"].execute("SET threads = 1")
 
 
-def _worker_run(t: Template, seed: int, per_template: int) -> _Result:
-    return _template_result(_WORKER["con"], _WORKER["present"], t, seed, per_template)
+def _worker_run(t: Template, seed: int, per_template: int, pool) -> _Result:
+    return _template_result(_WORKER["con"], _WORKER["present"], t, seed, per_template, pool)
 
 
-def _results(staged_dir, seed: int, templates: list[Template], per_template: int, workers: int):
+def _results(staged_dir, seed: int, templates: list[Template], per_template: int, workers: int, pools: dict):
     """Per-template results in template order. Templates are independent (own rng, own rows), so
     they run in ``workers`` spawned processes, each with its own single-threaded DuckDB: the
     workload is thousands of small queries whose cost is planning, which one thread does best."""
@@ -226,7 +267,7 @@ def _results(staged_dir, seed: int, templates: list[Template], per_template: int
         con, present = open_staged(staged_dir)
         try:
             con.execute("SET threads = 1")
-            yield from (_template_result(con, present, t, seed, per_template) for t in templates)
+            yield from (_template_result(con, present, t, seed, per_template, pools.get(t.id)) for t in templates)
         finally:
             con.close()
         return
@@ -235,14 +276,15 @@ def _results(staged_dir, seed: int, templates: list[Template], per_template: int
                              initargs=(str(staged_dir),)) as pool:
         # compiled Jinja templates do not pickle; workers compile their own
         plain = [dataclasses.replace(t, _compiled={}) for t in templates]
-        yield from pool.map(_worker_run, plain, repeat(seed), repeat(per_template))
+        yield from pool.map(_worker_run, plain, repeat(seed), repeat(per_template), [pools.get(t.id) for t in plain])
 
 
 def generate_questions(staged_dir: str | os.PathLike, seed: int, templates: list[Template] | None = None,
                        per_template: int = DEFAULT_PER_TEMPLATE, out: str | os.PathLike | None = None,
-                       workers: int | None = None) -> tuple[pa.Table, QuestionReport]:
+                       workers: int | None = None, pools: pa.Table | None = None) -> tuple[pa.Table, QuestionReport]:
     """Clean questions for ``templates`` (default: all in ``templates/``) over ``staged_dir``, using
-    ``workers`` processes (default: one per CPU); written atomically to ``out`` when given. Same
+    ``workers`` processes (default: one per CPU); written atomically to ``out`` when given. With
+    ``pools`` (from :func:`slot_pools`, same seed) the drawn candidates are taken from there. Same
     inputs and seed give byte-identical output, whatever the number of workers."""
     started = time.perf_counter()
     templates = load_templates() if templates is None else templates
@@ -250,7 +292,8 @@ def generate_questions(staged_dir: str | os.PathLike, seed: int, templates: list
     report = QuestionReport()
     rows: list[dict] = []
     by_id = {t.id: t for t in templates}
-    for res in _results(staged_dir, seed, templates, per_template, workers):
+    by_template = _pools_by_template(pools) if pools is not None else {}
+    for res in _results(staged_dir, seed, templates, per_template, workers, by_template):
         if res.skipped:
             report.skipped[res.template_id] = res.skipped
             continue
