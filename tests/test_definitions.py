@@ -68,3 +68,13 @@ def test_whole_graph_materializes_on_the_demo(demo_path, tmp_path):
              for e in result.get_asset_materialization_events()}
     assert "### " in audit["noise_candidates_record"]["samples"].value  # sample pairs with before/after rows
     assert "| table | _rid |" in audit["noise_candidates_value"]["samples"].value
+
+
+def test_source_assets_on_synthetic_pass_every_check(tmp_path):
+    run = BenchmarkRun(source="synthetic", patients=300, seed=2, data_dir=str(tmp_path))
+    result = dg.materialize([sources.stage_mimic_tables, *sources.TABLE_CHECKS], resources={"benchmark_run": run})
+    assert result.success
+    evaluations = result.get_asset_check_evaluations()
+    assert len(evaluations) == 2 * 31
+    failing = [(e.asset_key.to_user_string(), e.check_name) for e in evaluations if not e.passed]
+    assert not failing, failing
