@@ -1,4 +1,5 @@
-"""Propose candidate pairs: every admitted operator, on every clean question, with its own RNG."""
+"""Propose candidate pairs: per clean question, admitted operators from distinct noise levels,
+each with its own RNG."""
 
 from __future__ import annotations
 
@@ -10,14 +11,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from pipeline.noise.model import Candidate, CleanQuestion
+from pipeline.noise.model import LEVELS, Candidate, CleanQuestion
 from pipeline.noise.operators import OPERATORS
 from pipeline.noise.overlay import Database
 from pipeline.questions.templates import Template
 
 DEFAULT_OPERATORS_PER_QUESTION = 2
-LEVELS = ("record", "value", "query")
-LEVELS_WITHOUT_VALUE = ("record", "query")
+SCARCEST_LEVEL = "value"  # applies to the fewest templates, so it is tried first
+OTHER_LEVELS = tuple(level for level in LEVELS if level != SCARCEST_LEVEL)
 
 
 def stable_int(*parts) -> int:
@@ -70,7 +71,7 @@ def propose(db: Database, questions: list[CleanQuestion], seed: int,
     for q in questions:
         rng = np.random.default_rng([seed, stable_int(q.question_id)])
         admitted = [o for o in q.template.noise["operators"] if o in OPERATORS]
-        order = ["value"] + [LEVELS_WITHOUT_VALUE[i] for i in rng.permutation(len(LEVELS_WITHOUT_VALUE))]
+        order = [SCARCEST_LEVEL] + [OTHER_LEVELS[i] for i in rng.permutation(len(OTHER_LEVELS))]
         taken = 0
         for level in order:
             ops = [o for o in admitted if OPERATORS[o].level == level]
