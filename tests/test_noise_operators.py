@@ -473,7 +473,7 @@ def candidates(world):
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_operator_proposes_expected_candidate(world, candidates, case):
-    db, q = world.db, world.questions[case.question]
+    q = world.questions[case.question]
     cand = candidates[case.id]
     assert cand is not None, f"{case.operator} declined {case.question}"
     spec = OPERATORS[case.operator]

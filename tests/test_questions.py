@@ -1,10 +1,8 @@
 """Question engine on the real staged demo: templates execute, answers re-derive, determinism."""
 
 import json
-from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 

@@ -7,7 +7,8 @@ import dagster as dg
 import pyarrow.parquet as pq
 
 from pipeline.defs.resources import BenchmarkRun
-from pipeline.questions.generate import generate_questions, slot_pools, write_parquet
+from pipeline.questions import generate
+from pipeline.questions.generate import generate_questions, write_parquet
 from pipeline.questions.templates import INTENTS, LEVELS
 from pipeline.schema import TABLES
 
@@ -49,8 +50,8 @@ def _samples(rows: list[dict]) -> str:
 def slot_pools(context: dg.AssetExecutionContext, benchmark_run: BenchmarkRun) -> dg.MaterializeResult:
     """Every template's candidate slot values (patients, items, drugs, codes, windows, thresholds),
     drawn by its seeded samplers from the staged data, in the order clean_questions evaluates them."""
-    table, skipped = slot_pools(benchmark_run.staged_dir, benchmark_run.seed,
-                                per_template=benchmark_run.questions_per_template)
+    table, skipped = generate.slot_pools(benchmark_run.staged_dir, benchmark_run.seed,
+                                         per_template=benchmark_run.questions_per_template)
     write_parquet(table, pools_path(benchmark_run))
     for template_id, reason in skipped.items():
         context.log.warning(f"template {template_id} skipped: {reason}")

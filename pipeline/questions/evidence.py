@@ -109,7 +109,7 @@ def _checks(table: str, rule: Rule, present: set[str]) -> list[str]:
                      ON d.icd_code = e.icd_code AND d.icd_version = e.icd_version""")
     if t.has("hadm_id") and table != "admissions" and "admissions" in present:
         inside = f"e.{rule.time} BETWEEN least(a.admittime, coalesce(a.edregtime, a.admittime)) AND a.dischtime"
-        q.append(f"""SELECT e.cand, 'orphan_link' FROM e LEFT JOIN admissions a ON a.hadm_id = e.hadm_id
+        q.append("""SELECT e.cand, 'orphan_link' FROM e LEFT JOIN admissions a ON a.hadm_id = e.hadm_id
                      WHERE e.hadm_id IS NOT NULL AND a.subject_id IS DISTINCT FROM e.subject_id""")
         if rule.time:
             q.append(f"""SELECT e.cand, 'orphan_link' FROM e JOIN admissions a ON a.subject_id = e.subject_id
@@ -118,7 +118,7 @@ def _checks(table: str, rule: Rule, present: set[str]) -> list[str]:
             q.append(f"""SELECT e.cand, 'time_outside_stay' FROM e JOIN admissions a ON a.hadm_id = e.hadm_id
                          WHERE NOT ({inside})""")
     if t.has("stay_id") and table != "icustays" and "icustays" in present:
-        q.append(f"""SELECT e.cand, 'orphan_link' FROM e LEFT JOIN icustays i ON i.stay_id = e.stay_id
+        q.append("""SELECT e.cand, 'orphan_link' FROM e LEFT JOIN icustays i ON i.stay_id = e.stay_id
                      WHERE i.hadm_id IS DISTINCT FROM e.hadm_id""")
         if _PARENT_TIME.get((table, rule.time)) == "icustays":
             q.append(f"""SELECT e.cand, 'time_outside_stay' FROM e JOIN icustays i ON i.stay_id = e.stay_id
