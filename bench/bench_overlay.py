@@ -60,18 +60,19 @@ def realistic_overlay(db: Database) -> tuple[int, Overlay]:
     ])
 
 
-def open_with_overlay(db: Database, overlay: Overlay, sql: str):
+def open_with_overlay(db: Database, overlay: Overlay, sql: str | None):
+    """Open the pair's noisy database (and run ``sql`` in it, when given)."""
     with db.noisy(overlay):
-        return db.scalar(sql)
+        return db.scalar(sql) if sql else None
 
 
-def open_full_copy(staged_dir: Path, tables: list[str], overlay: Overlay, sql: str):
+def open_full_copy(staged_dir: Path, tables: list[str], overlay: Overlay, sql: str | None):
     """A private in-memory copy of every staged table with ``overlay`` applied in place."""
     con = duckdb.connect()
     try:
         copy_base(con, staged_dir, tables)
         apply_in_place(con, overlay)
-        return con.execute(sql).fetchall()[0][0]
+        return con.execute(sql).fetchall()[0][0] if sql else None
     finally:
         con.close()
 
@@ -118,13 +119,15 @@ def measure(patients: int, seed: int, overlay_repeat: int, copy_repeat: int) -> 
             open_with_overlay(db, overlay, sql)  # first use of labevents creates its patch tables, once
             overlay_s, via_overlay = median_seconds(overlay_repeat, lambda: open_with_overlay(db, overlay, sql))
             copy_s, via_copy = median_seconds(copy_repeat, lambda: open_full_copy(staged, db.tables, overlay, sql))
+            open_s, _ = median_seconds(overlay_repeat, lambda: open_with_overlay(db, overlay, None))
+            copy_open_s, _ = median_seconds(copy_repeat, lambda: open_full_copy(staged, db.tables, overlay, None))
             check_same_rows(db, staged, overlay, PATIENT_POTASSIUM.format(subject=subject))
         finally:
             db.close()
     assert via_overlay == via_copy, f"{patients} patients: overlay says {via_overlay}, copy says {via_copy}"
     assert via_overlay != clean, f"{patients} patients: the overlay did not change the answer ({clean})"
     return dict(patients=patients, rows=rows, base_load=base_load, overlay=overlay_s, copy=copy_s,
-                answer=via_overlay, clean=clean)
+                open=open_s, copy_open=copy_open_s, answer=via_overlay, clean=clean)
 
 
 def check_same_rows(db: Database, staged: Path, overlay: Overlay, sql: str) -> None:
@@ -160,11 +163,16 @@ def main() -> None:
         print(f"{r['patients']:>9,} {r['rows']:>12,} {r['base_load']:>8.2f} s {r['overlay'] * 1e3:>7.2f} ms "
               f"{r['copy'] * 1e3:>7.0f} ms {ratio:>12.0f}x  {r['answer']} ({r['clean']})"
               f"{'' if ratio >= 100 else '  below the 100x goal'}")
+    print("opening alone (no query): the overlay's load and switch vs copying the base and patching it")
+    for r in results:
+        print(f"{r['patients']:>9,} patients: overlay {r['open'] * 1e3:.2f} ms, full copy {r['copy_open'] * 1e3:.0f} ms, "
+              f"{r['copy_open'] / r['open']:.0f}x")
     if len(results) > 1:
         small, large = results[0], results[-1]
-        growth = large["overlay"] / small["overlay"]
-        print(f"overlay time {small['patients']:,} -> {large['patients']:,} patients: {growth:.2f}x "
-              f"(goal <= 1.5x{'' if growth <= 1.5 else ', missed'})")
+        for key, label in (("overlay", "open + query"), ("open", "open alone")):
+            growth = large[key] / small[key]
+            print(f"overlay {label} {small['patients']:,} -> {large['patients']:,} patients: {growth:.2f}x "
+                  f"(goal <= 1.5x{'' if growth <= 1.5 else ', missed'})")
 
 
 if __name__ == "__main__":
