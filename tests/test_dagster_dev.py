@@ -35,7 +35,7 @@ def _graphql(port: int) -> dict:
 
 
 @pytest.mark.slow
-def test_dagster_dev_shows_source_assets_with_checks(tmp_path):
+def test_dagster_dev_shows_the_whole_graph_with_checks(tmp_path):
     port = _free_port()
     env = {**os.environ, "DAGSTER_HOME": str(tmp_path), "DAGSTER_DISABLE_TELEMETRY": "1"}
     (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
@@ -60,6 +60,10 @@ def test_dagster_dev_shows_source_assets_with_checks(tmp_path):
         for n in nodes:
             by_group.setdefault(n["groupName"], set()).add(n["assetKey"]["path"][-1])
         assert len(by_group["mimic_hosp"]) == 22 and len(by_group["mimic_icu"]) == 9
+        assert by_group["questions"] == {"slot_pools", "clean_questions"}
+        assert by_group["noise"] == {"noise_candidates_record", "noise_candidates_value", "noise_candidates_query",
+                                     "verified_pairs"}
+        assert by_group["benchmark"] == {"benchmark"}
         labevents = next(n for n in nodes if n["assetKey"]["path"] == ["labevents"])
         assert {c["name"] for c in labevents["assetChecksOrError"]["checks"]} == {"expectations", "integrity"}
     finally:
