@@ -15,8 +15,9 @@ from pathlib import Path
 import pyarrow as pa
 
 from pipeline.expectations import validate_parquet
-from pipeline.noise.export import (AtomicFolder, code_version, dataset_card, manifest_json, overlays_table,
-                                   pairs_table, sha256, templates_fingerprint)
+from pipeline.files import AtomicFolder, sha256_file
+from pipeline.noise.export import (code_version, dataset_card, manifest_json, overlays_table,
+                                   pairs_table, templates_fingerprint)
 from pipeline.noise.pairs import NoiseReport, candidate_records
 from pipeline.noise.select import select_pairs, template_splits
 from pipeline.questions.generate import DEFAULT_PER_TEMPLATE, QuestionReport, generate_questions
@@ -123,7 +124,7 @@ def export_benchmark(out: Path, pairs: list[dict], questions: pa.Table, question
             "source": source,
             "code_version": code_version(),
             "inputs": {
-                "staged_tables": {t: sha256(p) for t, p in staged.items() if p.exists()},
+                "staged_tables": {t: sha256_file(p) for t, p in staged.items() if p.exists()},
                 "absent_tables": sorted(t for t, p in staged.items() if not p.exists()),
                 "templates_sha256": templates_fingerprint(TEMPLATES_DIR),
             },
@@ -148,7 +149,7 @@ def export_benchmark(out: Path, pairs: list[dict], questions: pa.Table, question
             },
             "expectations": {"suite": suite.suite, "success": suite.success, "rows": suite.rows,
                              "failed": [o.describe() for o in suite.errors + suite.warnings]},
-            "outputs": {name: sha256(tmp) for name, tmp in files.items()},
+            "outputs": {name: sha256_file(tmp) for name, tmp in files.items()},
         }
         folder.write_text("manifest.json", manifest_json(manifest))
         folder.write_text("README.md", dataset_card(manifest))

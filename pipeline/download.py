@@ -12,6 +12,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.files import sha256_file, temp_path
+
 DEMO_URL = "https://physionet.org/files/mimic-iv-demo/2.2/"
 SUMS_FILE = "SHA256SUMS.txt"
 CHUNK = 1 << 20
@@ -46,14 +48,6 @@ def parse_sums(text: str) -> dict[str, str]:
     return sums
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def verify_checksums(root: str | os.PathLike) -> ChecksumReport:
     """Check every file listed in ``root/SHA256SUMS.txt``; absent files are listed, not failed."""
     root = Path(root)
@@ -74,7 +68,7 @@ def verify_checksums(root: str | os.PathLike) -> ChecksumReport:
 
 def _fetch(url: str, dest: Path, expected: str | None = None) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+    tmp = temp_path(dest)
     digest = hashlib.sha256()
     try:
         with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as out:

@@ -54,8 +54,9 @@ def _available(con: duckdb.DuckDBPyConnection) -> set[str]:
     return {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
 
 
-def _count_and_examples(con, name, table, kind, violating_sql, total_sql) -> Invariant:
-    n = con.execute(f"SELECT count(*) FROM ({violating_sql})").fetchall()[0][0]
+def _count_and_examples(con, name, table, kind, violating_sql, total_sql, count="count(*)") -> Invariant:
+    """``count`` aggregates the violating rows (a sum when they are already grouped)."""
+    n = con.execute(f"SELECT coalesce({count}, 0) FROM ({violating_sql})").fetchall()[0][0]
     examples = con.sql(f"SELECT * FROM ({violating_sql}) LIMIT {EXAMPLES}").to_arrow_table().to_pylist() if n else []
     total = con.execute(total_sql).fetchall()[0][0]
     return Invariant(name, table, kind, n, total, [_jsonable(e) for e in examples])
@@ -80,10 +81,8 @@ def foreign_key(con, fk: ForeignKey) -> Invariant:
     sql = (f"SELECT {cols}, count(*) AS rows FROM {fk.table} c ANTI JOIN "
            f"(SELECT DISTINCT {', '.join(fk.ref_columns)} FROM {fk.ref_table}) p ON {on} "
            f"WHERE {not_null} GROUP BY ALL ORDER BY rows DESC, {cols}")
-    inv = _count_and_examples(con, fk.name, fk.table, "foreign_key", sql,
-                              f"SELECT count(*) FROM {fk.table}")
-    inv.violations = con.execute(f"SELECT coalesce(sum(rows), 0) FROM ({sql})").fetchall()[0][0]
-    return inv
+    return _count_and_examples(con, fk.name, fk.table, "foreign_key", sql,
+                               f"SELECT count(*) FROM {fk.table}", count="sum(rows)")
 
 
 def time_in_stay(con, table: str, time_col: str, parent: str) -> Invariant:

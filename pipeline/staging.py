@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.files import temp_path
 from pipeline.schema import ROW_ID, TABLES, table
 
 PARQUET_OPTIONS = dict(compression="zstd", compression_level=3, row_group_size=1 << 20,
@@ -90,7 +91,7 @@ class _TableWriter:
         self.name = table_name
         self.schema = table(table_name).arrow_schema
         self.final = final
-        self.tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+        self.tmp = temp_path(final)
         self.writer = pq.ParquetWriter(self.tmp, self.schema, **_writer_options())
         self.rows = 0
         self.error: BaseException | None = None

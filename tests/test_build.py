@@ -13,7 +13,7 @@ from pipeline.build import build
 from pipeline.noise.operators import OPERATORS
 from pipeline.noise.select import violations
 from pipeline.noise.verify import CHECKS
-from pipeline.noise.export import sha256
+from pipeline.files import sha256_file as sha256
 
 QUESTIONS_PER_TEMPLATE = 3
 pytestmark = pytest.mark.slow

@@ -10,12 +10,12 @@ from pipeline.build import PAIRS_PER_TEMPLATE, export_benchmark, ship, source_de
 from pipeline.defs.questions import clean_questions, question_rejections_path, questions_path
 from pipeline.defs.resources import BenchmarkRun
 from pipeline.expectations import validate_parquet
+from pipeline.files import write_parquet
 from pipeline.noise.audit import operator_table, samples_markdown
 from pipeline.noise.export import candidates_table, shipped_table
 from pipeline.noise.model import LEVELS
 from pipeline.noise.pairs import NoiseReport, candidate_records
 from pipeline.noise.verify import CHECKS
-from pipeline.questions.generate import write_parquet
 from pipeline.questions.templates import load_templates
 
 

@@ -8,7 +8,8 @@ import pyarrow.parquet as pq
 
 from pipeline.defs.resources import BenchmarkRun
 from pipeline.questions import generate
-from pipeline.questions.generate import generate_questions, write_parquet
+from pipeline.files import write_parquet
+from pipeline.questions.generate import generate_questions
 from pipeline.questions.templates import INTENTS, LEVELS
 from pipeline.schema import TABLES
 

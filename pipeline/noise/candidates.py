@@ -3,7 +3,6 @@ each with its own RNG."""
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -11,6 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from pipeline.files import stable_int
 from pipeline.noise.model import LEVELS, Candidate, CleanQuestion
 from pipeline.noise.operators import OPERATORS
 from pipeline.noise.overlay import Database
@@ -19,10 +19,6 @@ from pipeline.questions.templates import Template
 DEFAULT_OPERATORS_PER_QUESTION = 2
 SCARCEST_LEVEL = "value"  # applies to the fewest templates, so it is tried first
 OTHER_LEVELS = tuple(level for level in LEVELS if level != SCARCEST_LEVEL)
-
-
-def stable_int(*parts) -> int:
-    return int.from_bytes(hashlib.sha256("|".join(map(str, parts)).encode()).digest()[:8], "big")
 
 
 def operator_rng(seed: int, question_id: str, operator: str) -> np.random.Generator:

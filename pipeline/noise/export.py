@@ -1,22 +1,19 @@
-"""Writing a benchmark folder: pairs, overlays, manifest, dataset card — all or nothing.
+"""What a benchmark folder holds: the pairs and overlays tables, manifest and dataset card.
 
-Every file is written under a temporary name and renamed into place only after all of them
-(and their expectation suite) succeeded, so a reader never sees a half-written benchmark.
+:func:`pipeline.build.export_benchmark` writes them through one :class:`pipeline.files.AtomicFolder`,
+so they appear together or not at all.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from pipeline.staging import PARQUET_OPTIONS
 
 PAIR_COLUMNS = [
     ("pair_id", pa.string()), ("seed", pa.int64()), ("question_id", pa.string()),
@@ -58,14 +55,6 @@ def overlays_table(pairs: list[dict]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=OVERLAYS_SCHEMA)
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def code_version() -> dict:
     try:
         pkg = version("ehr-robustgym")
@@ -86,42 +75,6 @@ def templates_fingerprint(templates_dir: Path) -> str:
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
-
-
-class AtomicFolder:
-    """Collects files under temporary names inside ``out``; :meth:`commit` renames them all."""
-
-    def __init__(self, out: Path):
-        self.out = out
-        self.pending: list[tuple[Path, Path]] = []
-        out.mkdir(parents=True, exist_ok=True)
-
-    def path(self, name: str) -> Path:
-        final = self.out / name
-        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-        self.pending.append((tmp, final))
-        return tmp
-
-    def write_parquet(self, name: str, table: pa.Table) -> Path:
-        tmp = self.path(name)
-        pq.write_table(table, tmp, compression=PARQUET_OPTIONS["compression"],
-                       compression_level=PARQUET_OPTIONS["compression_level"])
-        return tmp
-
-    def write_text(self, name: str, text: str) -> Path:
-        tmp = self.path(name)
-        tmp.write_text(text, encoding="utf-8")
-        return tmp
-
-    def commit(self) -> None:
-        for tmp, final in self.pending:
-            os.replace(tmp, final)
-        self.pending.clear()
-
-    def abort(self) -> None:
-        for tmp, _ in self.pending:
-            tmp.unlink(missing_ok=True)
-        self.pending.clear()
 
 
 def dataset_card(manifest: dict) -> str:

@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from pipeline.noise.candidates import (DEFAULT_OPERATORS_PER_QUESTION, entity_pools, load_questions,
-                                       propose, run_operator, stable_int)
+                                       propose, run_operator)
 from pipeline.noise.model import Candidate
 from pipeline.noise.operators import OPERATORS
 from pipeline.noise.overlay import Database
 from pipeline.noise.verify import CHECKS, failed_checks, verify_candidates
+from pipeline.files import stable_int
 from pipeline.noise.bounds import register_bounds
 from pipeline.questions.templates import load_templates
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from pipeline.noise.candidates import stable_int
+from pipeline.files import stable_int
 from pipeline.questions.templates import INTENTS
 
 MIN_SHARES = {"intent": 0.10, "noise_level": 0.25, "level": {"population": 0.25}}

@@ -25,8 +25,8 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from pipeline.files import stable_int, write_parquet
 from pipeline.questions.answers import AnswerError, normalise
 from pipeline.questions.evidence import check_evidence, load_bounds
 from pipeline.questions.samplers import SAMPLERS
@@ -90,10 +90,6 @@ def open_staged(staged_dir: str | os.PathLike) -> tuple[duckdb.DuckDBPyConnectio
 
 def _quote(path: Path) -> str:
     return str(path).replace("'", "''")
-
-
-def _stable_int(text: str) -> int:
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
 
 
 def _json(value) -> str:
@@ -179,7 +175,7 @@ class _Result:
 def slot_pool(con, t: Template, seed: int, per_template: int) -> tuple[list[tuple[dict, int]], int]:
     """The template's candidate (slots, paraphrase variant) pairs in draw order, and how many draws
     found no valid slot value: the seeded first half of generation, auditable on its own."""
-    rng = np.random.default_rng([seed, _stable_int(t.id)])
+    rng = np.random.default_rng([seed, stable_int(t.id)])
     cands, no_slot = draw_candidates(con, t, rng, per_template * OVERSAMPLE)
     variants = rng.integers(len(t.questions), size=len(cands))
     return [(c, int(v)) for c, v in zip(cands, variants)], no_slot
@@ -309,15 +305,3 @@ def generate_questions(staged_dir: str | os.PathLike, seed: int, templates: list
         write_parquet(table, out)
     report.seconds = time.perf_counter() - started
     return table, report
-
-
-def write_parquet(table: pa.Table, out: str | os.PathLike) -> None:
-    """Write via a temporary file and ``os.replace`` so readers never see a partial file."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    try:
-        pq.write_table(table, tmp, compression="zstd")
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
