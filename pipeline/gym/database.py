@@ -1,0 +1,149 @@
+"""A built benchmark opened once per process, and each episode's guarded view of it.
+
+The staged base and every pair's overlay are loaded once into one
+:class:`pipeline.noise.overlay.Database`. Agent queries never run on its own views (those carry
+``_rid`` and choose the overlay by a session variable): each episode gets its own DuckDB cursor
+whose search path is schema ``agent``, where every table is ``SELECT * EXCLUDE (_rid)`` of the
+overlay view, and whose ``overlay_id`` variable is its pair's overlay. After loading, the
+connection is hardened for the whole process: no file system, no extension loading, no spill
+directory, a memory cap, and the configuration locked.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.gym.guard import check
+from pipeline.noise.overlay import Database, changes_from_records
+from pipeline.schema import ROW_ID, TABLES
+
+AGENT_SCHEMA = "agent"
+NEEDED = ("pairs.parquet", "overlays.parquet", "staged")
+
+# Columns of pairs.parquet the agent may see during an episode; the rest is gold.
+PUBLIC = ("pair_id", "seed", "intent", "level", "noise_level", "operator", "split", "answer_type")
+
+
+class QueryError(RuntimeError):
+    """A guarded query failed or was stopped; the message is for the agent."""
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One pair of pairs.parquet: public fields, and the gold the environment alone reads."""
+
+    pair_id: str
+    seed: int
+    intent: str
+    level: str
+    noise_level: str
+    operator: str
+    split: str
+    answer_type: str
+    clean_question: str
+    noisy_question: str
+    clean_answer: str
+    expected_behavior: str
+    expected_answer: str | None
+    discrepancy: str
+
+    def question(self, side: str) -> str:
+        return self.clean_question if side == "clean" else self.noisy_question
+
+
+class Benchmark:
+    """Pairs, staged base and all overlays of one benchmark folder, shared by every Env of a process."""
+
+    _open: dict[Path, "Benchmark"] = {}
+    _lock = threading.Lock()
+
+    @classmethod
+    def open(cls, folder: str | os.PathLike, sql_memory_mb: int) -> "Benchmark":
+        path = Path(folder).resolve()
+        with cls._lock:
+            if path not in cls._open:
+                cls._open[path] = cls(path, sql_memory_mb)
+            return cls._open[path]
+
+    def __init__(self, folder: Path, sql_memory_mb: int):
+        missing = [n for n in NEEDED if not (folder / n).exists()]
+        if missing:
+            raise FileNotFoundError(f"benchmark folder {folder} lacks {', '.join(missing)}: "
+                                    "build one with `ehr-robustgym build`")
+        self.folder = folder
+        names = [f for f in Pair.__dataclass_fields__]
+        self.pairs: dict[str, Pair] = {
+            r["pair_id"]: Pair(**{k: r[k] for k in names})
+            for r in pq.read_table(folder / "pairs.parquet", columns=names).to_pylist()}
+        self.categories = sorted({p.discrepancy for p in self.pairs.values()})
+        by_pair: dict[str, list[dict]] = defaultdict(list)
+        for r in pq.read_table(folder / "overlays.parquet").to_pylist():
+            by_pair[r["pair_id"]].append(r)
+        self.overlay_ids = {pid: i + 1 for i, pid in enumerate(sorted(by_pair))}
+        self.db = Database(folder / "staged")
+        self.db.load({self.overlay_ids[pid]: changes_from_records(rows) for pid, rows in by_pair.items()})
+        self.tables = {t: [(c.name, c.type) for c in TABLES[t].columns] for t in self.db.tables}
+        con = self.db.con
+        con.execute(f"CREATE SCHEMA {AGENT_SCHEMA}").fetchall()
+        for t in self.db.tables:
+            con.execute(f"CREATE VIEW {AGENT_SCHEMA}.{t} AS SELECT * EXCLUDE ({ROW_ID}) FROM main.{t}").fetchall()
+        used = con.execute("SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory()").fetchone()[0]
+        for setting in ("temp_directory = ''",
+                        f"max_memory = '{used // 2**20 + sql_memory_mb}MB'",
+                        "autoload_known_extensions = false",
+                        "autoinstall_known_extensions = false",
+                        "enable_external_access = false",
+                        "lock_configuration = true"):
+            con.execute(f"SET {setting}").fetchall()
+
+    def pair(self, pair_id: str) -> Pair:
+        try:
+            return self.pairs[pair_id]
+        except KeyError:
+            raise KeyError(f"no pair {pair_id!r} in {self.folder / 'pairs.parquet'}") from None
+
+    def connect(self) -> "EpisodeDB":
+        return EpisodeDB(self)
+
+
+class EpisodeDB:
+    """One Env's cursor: unqualified names show the agent schema with its episode's overlay."""
+
+    def __init__(self, benchmark: Benchmark):
+        self.benchmark = benchmark
+        self.cursor = benchmark.db.con.cursor()
+        self.cursor.execute(f"SET search_path = '{AGENT_SCHEMA}'").fetchall()
+
+    def use(self, pair_id: str, side: str) -> None:
+        oid = Database.CLEAN if side == "clean" else self.benchmark.overlay_ids.get(pair_id, Database.CLEAN)
+        self.cursor.execute(f"SET VARIABLE overlay_id = {int(oid)}").fetchall()
+
+    def query(self, sql: str, seconds: float) -> pa.Table:
+        """Guard ``sql``, run it with a wall-time limit, return its rows; :class:`QueryError` otherwise."""
+        sql = check(sql)
+        timer = threading.Timer(seconds, self.cursor.interrupt)
+        timer.start()
+        try:
+            return self.cursor.sql(sql).to_arrow_table()
+        except duckdb.InterruptException:
+            raise QueryError(f"query stopped: it ran longer than the {seconds:g} s limit") from None
+        except duckdb.Error as exc:
+            raise QueryError(_agent_message(exc)) from None
+        finally:
+            timer.cancel()
+
+    def close(self) -> None:
+        self.cursor.close()
+
+
+def _agent_message(exc: duckdb.Error) -> str:
+    """DuckDB's message without the internal schema prefix (the agent knows tables by plain names)."""
+    return str(exc).replace(f"{AGENT_SCHEMA}.", "").strip()
