@@ -121,3 +121,27 @@ def check_command(staged):
         errors += is_error
     if errors:
         raise click.ClickException(f"{errors} check(s) failed with errors")
+
+
+@main.command("play")
+@click.option("--benchmark", type=click.Path(path_type=Path, exists=True, file_okay=False), required=True,
+              help="A built benchmark folder (pairs.parquet, overlays.parquet, staged/).")
+@click.option("--pair", "pair_id", required=True, help="The pair_id to play.")
+@click.option("--side", type=click.Choice(["clean", "noise"]), default="noise", show_default=True,
+              help="The pair's clean question on the clean base, or its noisy one.")
+def play_command(benchmark, pair_id, side):
+    """Play one gym episode at an interactive prompt (sql/python/answer/abstain/flag) and see the verdict."""
+    from pipeline.gym.env import Env
+    from pipeline.gym.play import play
+
+    def read(prompt: str) -> str | None:
+        try:
+            return input(prompt)
+        except EOFError:
+            return None
+
+    try:
+        with Env(benchmark) as env:
+            play(env, pair_id, side, read, click.echo)
+    except (FileNotFoundError, KeyError) as exc:
+        raise click.ClickException(str(exc).strip('"')) from exc

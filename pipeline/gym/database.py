@@ -16,6 +16,7 @@ import threading
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import duckdb
 import pyarrow as pa
@@ -62,11 +63,11 @@ class Pair:
 class Benchmark:
     """Pairs, staged base and all overlays of one benchmark folder, shared by every Env of a process."""
 
-    _open: dict[Path, "Benchmark"] = {}
-    _lock = threading.Lock()
+    _open: ClassVar[dict[Path, Benchmark]] = {}
+    _lock: ClassVar[threading.Lock] = threading.Lock()
 
     @classmethod
-    def open(cls, folder: str | os.PathLike, sql_memory_mb: int) -> "Benchmark":
+    def open(cls, folder: str | os.PathLike, sql_memory_mb: int) -> Benchmark:
         path = Path(folder).resolve()
         with cls._lock:
             if path not in cls._open:
@@ -110,7 +111,7 @@ class Benchmark:
         except KeyError:
             raise KeyError(f"no pair {pair_id!r} in {self.folder / 'pairs.parquet'}") from None
 
-    def connect(self) -> "EpisodeDB":
+    def connect(self) -> EpisodeDB:
         return EpisodeDB(self)
 
 

@@ -13,12 +13,24 @@ import os
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Self
 
 import pyarrow as pa
 
 from pipeline.gym.database import Benchmark, QueryError
-from pipeline.gym.models import (SIDES, ActionError, Column, EpisodeState, Limits, Observation, Start, TableInfo,
-                                 arguments_of, parse_action, tool_schemas)
+from pipeline.gym.models import (
+    SIDES,
+    ActionError,
+    Column,
+    EpisodeState,
+    Limits,
+    Observation,
+    Start,
+    TableInfo,
+    arguments_of,
+    parse_action,
+    tool_schemas,
+)
 from pipeline.gym.sandbox import Worker
 from pipeline.gym.scoring import judge
 from pipeline.gym.tools import TOOLS
@@ -81,7 +93,8 @@ class Env:
         self._pair, self._verdict = pair, None
         question = pair.question(side)
         self._state = EpisodeState(episode_id=self._episodes, pair_id=pair_id, side=side, question=question)
-        prompt = f"{question}\n\nTables (DuckDB types):\n{self.schema_text}"
+        prompt = (f"{question}\n\nTables (DuckDB types):\n{self.schema_text}\n\n"
+                  f"Problem categories (for abstain and flag): {', '.join(self.benchmark.categories)}")
         self.messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": prompt}]
         self._started, self._seconds = time.perf_counter(), 0.0
         return Start(content=prompt, pair_id=pair_id, side=side, question=question, tables=self.tables,
@@ -153,7 +166,7 @@ class Env:
         self._stop_worker()
         self.db.close()
 
-    def __enter__(self) -> "Env":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -7,7 +7,7 @@ overlay and no expected behaviour; those stay inside :class:`pipeline.gym.env.En
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -78,7 +78,7 @@ class Flag(_Action):
                           "for a name several entries match, [[entry, answer], ...]")
 
 
-Action = Annotated[Union[Sql, Python, Answer, Abstain, Flag], Field(discriminator="tool")]
+Action = Annotated[Sql | Python | Answer | Abstain | Flag, Field(discriminator="tool")]
 ACTION_TYPES: dict[str, type[_Action]] = {m.model_fields["tool"].default: m for m in (Sql, Python, Answer, Abstain, Flag)}
 TERMINAL = ("answer", "abstain", "flag")
 _ACTION = TypeAdapter(Action)

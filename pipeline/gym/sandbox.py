@@ -158,7 +158,7 @@ class Worker:
                 raise WorkerGone("the worker sent an unknown request")
             try:
                 table = serve_sql(message["query"])
-            except Exception as exc:  # refusals and query errors go back to the agent's code
+            except Exception as exc:  # noqa: BLE001  refusals and query errors go back to the agent's code
                 self._send(b"J", json.dumps({"error": str(exc)}).encode())
                 continue
             self._send(b"A", _ipc(table))
@@ -181,8 +181,10 @@ class Worker:
         code = self.proc.poll()
         if code is None:
             return "stopped by the gym"
-        if code < 0:
-            return f"killed by signal {signal.Signals(-code).name}"
+        # bwrap's pid 1 reports a child killed by signal N as exit code 128 + N, like a shell
+        number = -code if code < 0 else code - 128 if code > 128 else 0
+        if number in signal.Signals._value2member_map_:
+            return f"killed by signal {signal.Signals(number).name}"
         return f"exited with code {code}"
 
     def _send(self, kind: bytes, payload: bytes) -> None:

@@ -174,14 +174,14 @@ def _list(gold, given):
 
 
 def _set(gold, given):
-    distinct: list = []
-    for item in parse_items(given):
-        if not any(_same_element(item, d) or _same_element(d, item) for d in distinct):
-            distinct.append(item)
-    unmatched = list(distinct)
+    """Distinct given items (exact duplicates dropped) matched one to one: exact matches first, so
+    gold values that differ only in case ("LORazepam", "Lorazepam") each need their own item."""
+    unmatched = list({json.dumps(item, sort_keys=True): item for item in parse_items(given)}.values())
     missing = 0
-    for g in gold:
-        hit = next((i for i, item in enumerate(unmatched) if _same_element(item, g)), None)
+    for g in sorted(gold, key=lambda g: not any(item == g for item in unmatched)):
+        hit = next((i for i, item in enumerate(unmatched) if item == g), None)
+        if hit is None:
+            hit = next((i for i, item in enumerate(unmatched) if _same_element(item, g)), None)
         if hit is None:
             missing += 1
         else:
@@ -220,8 +220,8 @@ def _readings(answer_type: str, gold: list, given) -> tuple[bool, str]:
     by_name = {normalise_text(name): value for name, value in given}
     expected = {normalise_text(name): value for name, value in gold}
     if by_name.keys() != expected.keys():
-        return False, f"readings named: {len(by_name.keys() & expected.keys())} of {len(expected)} " \
-                      f"expected, {len(by_name.keys() - expected.keys())} unexpected"
+        return False, (f"readings named: {len(by_name.keys() & expected.keys())} of {len(expected)} "
+                       f"expected, {len(by_name.keys() - expected.keys())} unexpected")
     wrong = [n for n, v in expected.items() if not SCORERS[answer_type](v, by_name[n])[0]]
     return not wrong, "every reading with its answer" if not wrong else f"wrong answer for {wrong[0]!r}"
 

@@ -46,7 +46,7 @@ def _cell(value) -> str:
     return str(value).replace("\n", "\\n")
 
 
-def sql_tool(env: "Env", action: Sql) -> tuple[str, bool]:
+def sql_tool(env: Env, action: Sql) -> tuple[str, bool]:
     try:
         table = env.db.query(action.query, env.limits.sql_seconds)
     except (GuardError, QueryError) as exc:
@@ -54,7 +54,7 @@ def sql_tool(env: "Env", action: Sql) -> tuple[str, bool]:
     return render(table, env.limits.sql_rows, env.limits.output_bytes), False
 
 
-def python_tool(env: "Env", action: Python) -> tuple[str, bool]:
+def python_tool(env: Env, action: Python) -> tuple[str, bool]:
     try:
         worker = env.python_worker()
     except SandboxUnavailable as exc:
@@ -79,18 +79,18 @@ def python_tool(env: "Env", action: Python) -> tuple[str, bool]:
     return text, False
 
 
-def answer_tool(env: "Env", action: Answer) -> tuple[str, bool]:
+def answer_tool(env: Env, action: Answer) -> tuple[str, bool]:
     return "Answer recorded; the episode is over.", True
 
 
-def abstain_tool(env: "Env", action: Abstain) -> tuple[str, bool]:
+def abstain_tool(env: Env, action: Abstain) -> tuple[str, bool]:
     return "Abstention recorded; the episode is over.", True
 
 
-def flag_tool(env: "Env", action: Flag) -> tuple[str, bool]:
+def flag_tool(env: Env, action: Flag) -> tuple[str, bool]:
     return "Flag recorded; the episode is over.", True
 
 
-TOOLS: dict[str, Callable[["Env", object], tuple[str, bool]]] = {
+TOOLS: dict[str, Callable[[Env, object], tuple[str, bool]]] = {
     "sql": sql_tool, "python": python_tool, "answer": answer_tool, "abstain": abstain_tool, "flag": flag_tool,
 }

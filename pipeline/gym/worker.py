@@ -111,14 +111,14 @@ def main():
     channel.send_json({"op": "ready", "sees_benchmark": any(os.path.exists(p) for p in config["hidden"]),
                        "uid": os.getuid()})
     while True:
-        kind, payload = channel.receive()
+        _, payload = channel.receive()
         request = json.loads(payload)
         out, err = CappedText(config["output_chars"]), CappedText(config["output_chars"])
         sys.stdout, sys.stderr = out, err
         error = None
         try:
             _run(request["code"], namespace)
-        except BaseException:  # the agent's exception (SystemExit too) is its output, not ours
+        except BaseException:  # noqa: BLE001  the agent's exception (SystemExit too) is its output, not ours
             error = _agent_traceback()
         finally:
             sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
@@ -139,7 +139,7 @@ def _run(code, namespace):
     """Execute ``code``; like a notebook cell, a final expression's value is printed."""
     tree = ast.parse(code, "<cell>", "exec")
     last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
-    exec(compile(tree, "<cell>", "exec"), namespace)
+    exec(compile(tree, "<cell>", "exec"), namespace)  # noqa: S102  (running agent code is the point)
     if last is not None:
         value = eval(compile(ast.Expression(last.value), "<cell>", "eval"), namespace)
         if value is not None:
