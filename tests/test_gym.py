@@ -111,7 +111,7 @@ def test_sql_output_is_capped_in_rows_and_bytes_with_counts(env):
 def test_sql_errors_come_back_as_text(env):
     env.reset("p_count", "clean")
     out = sql(env, "SELECT no_such_column FROM patients")
-    assert out.startswith("error:") and "no_such_column" in out and "agent." not in out
+    assert out.startswith("error:") and "no_such_column" in out and "clean." not in out and "noisy_" not in out
     obs = env.step({"name": "sql", "arguments": {"query": "SELEC 1"}})
     assert obs.content.startswith("error:") and not obs.done
 
@@ -122,8 +122,11 @@ def test_openai_shapes_and_typed_actions_are_accepted(env):
     assert "30" in env.step({"id": "x", "type": "function", "function": {
         "name": "sql", "arguments": json.dumps({"query": "SELECT count(*) FROM patients"})}}).content
     assert "30" in env.step(Sql(query="SELECT count(*) FROM patients")).content
+    env.reset("p_count", "clean")
     assert env.step({"name": "rm", "arguments": {}}).content.startswith("error: unknown tool 'rm'")
     assert "not valid JSON" in env.step({"name": "sql", "arguments": "{query"}).content
+    assert "must be an object" in env.step({"function": "sql"}).content
+    assert "must be a dict" in env.step(["sql"]).content
     assert "invalid arguments for sql: query: Field required" in env.step({"name": "sql", "arguments": {}}).content
 
 
@@ -353,3 +356,31 @@ def test_play_runs_an_episode_at_the_prompt(bench, rows):
 def test_play_names_a_missing_pair(bench):
     result = CliRunner().invoke(main, ["play", "--benchmark", str(bench), "--pair", "zzz"], input="quit\n")
     assert result.exit_code != 0 and "no pair 'zzz'" in result.output
+
+
+def test_the_gym_imports_nothing_from_dagster():
+    import subprocess
+    import sys
+    code = ("import sys, pipeline.gym, pipeline.gym.trl, pipeline.gym.play, pipeline.gym.agents; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'dagster'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_scripted_agents_on_a_really_built_benchmark(tmp_path):
+    """The real build's labels: gold SQL scores 100% clean, the expected behaviour 100% noise."""
+    from pipeline.build import build
+    build("synthetic", tmp_path, seed=0, patients=60, per_template=1, questions_per_template=2, workers=1)
+    built = pq.read_table(tmp_path / "pairs.parquet").to_pylist()
+    assert len(built) > 20
+    with Env(tmp_path, Limits(sql_rows=10_000, output_bytes=1_000_000)) as env:
+        scores = {}
+        for agent, side in (("gold", "clean"), ("expected", "noise"), ("naive", "noise")):
+            rewards = []
+            for row in built:
+                env.reset(row["pair_id"], side)
+                rewards.append(AGENTS[agent](env, row).reward)
+            scores[agent] = sum(rewards) / len(rewards)
+    assert scores["gold"] == 1.0 and scores["expected"] == 1.0, scores
+    assert scores["naive"] <= 0.25, scores

@@ -2,16 +2,19 @@
 
 The staged base and every pair's overlay are loaded once into one
 :class:`pipeline.noise.overlay.Database`. Agent queries never run on its own views (those carry
-``_rid`` and choose the overlay by a session variable): each episode gets its own DuckDB cursor
-whose search path is schema ``agent``, where every table is ``SELECT * EXCLUDE (_rid)`` of the
-overlay view, and whose ``overlay_id`` variable is its pair's overlay. After loading, the
-connection is hardened for the whole process: no file system, no extension loading, no spill
-directory, a memory cap, and the configuration locked.
+``_rid``): every agent-facing table is a view ``SELECT * EXCLUDE (_rid)``, in schema ``clean``
+over the base table, and in schema ``noisy_<table>`` over the overlay view of each table some
+overlay touches. Each Env has its own DuckDB cursor whose ``overlay_id`` variable is its pair's
+overlay and whose search path lists the ``noisy_`` schemas of the tables that overlay touches,
+then ``clean``: untouched tables are read straight from the base, without the overlay's anti-join.
+After loading, the connection is hardened for the whole process: no file system, no extension
+loading, no spill directory, a memory cap, and the configuration locked.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections import defaultdict
 from dataclasses import dataclass
@@ -26,7 +29,8 @@ from pipeline.gym.guard import check
 from pipeline.noise.overlay import Database, changes_from_records
 from pipeline.schema import ROW_ID, TABLES
 
-AGENT_SCHEMA = "agent"
+CLEAN_SCHEMA = "clean"
+NOISY_PREFIX = "noisy_"
 NEEDED = ("pairs.parquet", "overlays.parquet", "staged")
 
 # Columns of pairs.parquet the agent may see during an episode; the rest is gold.
@@ -89,13 +93,18 @@ class Benchmark:
         for r in pq.read_table(folder / "overlays.parquet").to_pylist():
             by_pair[r["pair_id"]].append(r)
         self.overlay_ids = {pid: i + 1 for i, pid in enumerate(sorted(by_pair))}
+        self.search_paths = {pid: ",".join([*sorted({NOISY_PREFIX + r["table_name"] for r in rows}), CLEAN_SCHEMA])
+                             for pid, rows in by_pair.items()}
         self.db = Database(folder / "staged")
         self.db.load({self.overlay_ids[pid]: changes_from_records(rows) for pid, rows in by_pair.items()})
         self.tables = {t: [(c.name, c.type) for c in TABLES[t].columns] for t in self.db.tables}
         con = self.db.con
-        con.execute(f"CREATE SCHEMA {AGENT_SCHEMA}").fetchall()
+        con.execute(f"CREATE SCHEMA {CLEAN_SCHEMA}").fetchall()
         for t in self.db.tables:
-            con.execute(f"CREATE VIEW {AGENT_SCHEMA}.{t} AS SELECT * EXCLUDE ({ROW_ID}) FROM main.{t}").fetchall()
+            con.execute(f"CREATE VIEW {CLEAN_SCHEMA}.{t} AS SELECT * EXCLUDE ({ROW_ID}) FROM base.{t}").fetchall()
+        for t in sorted({r["table_name"] for rows in by_pair.values() for r in rows}):
+            con.execute(f"CREATE SCHEMA {NOISY_PREFIX}{t}").fetchall()
+            con.execute(f"CREATE VIEW {NOISY_PREFIX}{t}.{t} AS SELECT * EXCLUDE ({ROW_ID}) FROM main.{t}").fetchall()
         used = con.execute("SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory()").fetchone()[0]
         for setting in ("temp_directory = ''",
                         f"max_memory = '{used // 2**20 + sql_memory_mb}MB'",
@@ -116,16 +125,19 @@ class Benchmark:
 
 
 class EpisodeDB:
-    """One Env's cursor: unqualified names show the agent schema with its episode's overlay."""
+    """One Env's cursor: unqualified names show its episode's tables, without ``_rid``."""
 
     def __init__(self, benchmark: Benchmark):
         self.benchmark = benchmark
         self.cursor = benchmark.db.con.cursor()
-        self.cursor.execute(f"SET search_path = '{AGENT_SCHEMA}'").fetchall()
+        self.use("", "clean")
 
     def use(self, pair_id: str, side: str) -> None:
-        oid = Database.CLEAN if side == "clean" else self.benchmark.overlay_ids.get(pair_id, Database.CLEAN)
+        noisy = side == "noise" and pair_id in self.benchmark.overlay_ids
+        oid = self.benchmark.overlay_ids[pair_id] if noisy else Database.CLEAN
+        path = self.benchmark.search_paths[pair_id] if noisy else CLEAN_SCHEMA
         self.cursor.execute(f"SET VARIABLE overlay_id = {int(oid)}").fetchall()
+        self.cursor.execute(f"SET search_path = '{path}'").fetchall()
 
     def query(self, sql: str, seconds: float) -> pa.Table:
         """Guard ``sql``, run it with a wall-time limit, return its rows; :class:`QueryError` otherwise."""
@@ -146,5 +158,8 @@ class EpisodeDB:
 
 
 def _agent_message(exc: duckdb.Error) -> str:
-    """DuckDB's message without the internal schema prefix (the agent knows tables by plain names)."""
-    return str(exc).replace(f"{AGENT_SCHEMA}.", "").strip()
+    """DuckDB's message without internal schema prefixes (the agent knows tables by plain names)."""
+    return _SCHEMA_PREFIX.sub("", str(exc)).strip()
+
+
+_SCHEMA_PREFIX = re.compile(rf"\b(?:{CLEAN_SCHEMA}|{NOISY_PREFIX}\w+?)\.")

@@ -109,6 +109,7 @@ class Env:
             action = parse_action(call)
         except ActionError as exc:
             raw = call.get("function", call) if isinstance(call, dict) else {}
+            raw = raw if isinstance(raw, dict) else {}
             name = raw.get("name") if isinstance(raw.get("name"), str) else "invalid"
             arguments = raw.get("arguments", {})
             content, terminal, action = f"error: {exc}", False, None

@@ -96,6 +96,8 @@ def parse_action(call: Any) -> _Action:
     if not isinstance(call, dict):
         raise ActionError(f"a tool call must be a dict with 'name' and 'arguments'; got {type(call).__name__}")
     call = call.get("function", call)
+    if not isinstance(call, dict):
+        raise ActionError("'function' of a tool call must be an object with 'name' and 'arguments'")
     name, arguments = call.get("name"), call.get("arguments", {})
     if name not in ACTION_TYPES:
         raise ActionError(f"unknown tool {name!r}; the tools are {', '.join(ACTION_TYPES)}")
