@@ -276,6 +276,13 @@ def test_python_is_refused_without_isolation(env, monkeypatch):
     assert "ran" not in out.split("installed")[1]
 
 
+def test_python_is_refused_when_the_sandbox_does_not_start(env, monkeypatch):
+    monkeypatch.setattr("pipeline.gym.sandbox.shutil.which", lambda name: "/bin/false")
+    env.reset("p_count", "clean")
+    out = env.step({"name": "python", "arguments": {"code": "print('ran')"}}).content
+    assert out.startswith("error: python is unavailable: the sandbox did not start (the worker exited with code 1")
+
+
 def test_python_is_refused_when_the_benchmark_would_be_mounted(bench, monkeypatch):
     from pipeline.gym import sandbox
     monkeypatch.setattr(sandbox, "_python_roots", lambda: [bench.parent])
@@ -383,4 +390,4 @@ def test_scripted_agents_on_a_really_built_benchmark(tmp_path):
                 rewards.append(AGENTS[agent](env, row).reward)
             scores[agent] = sum(rewards) / len(rewards)
     assert scores["gold"] == 1.0 and scores["expected"] == 1.0, scores
-    assert scores["naive"] <= 0.25, scores
+    assert scores["naive"] <= 0.10, scores

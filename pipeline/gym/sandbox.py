@@ -125,6 +125,7 @@ class Worker:
 
     def __init__(self, hidden: list[Path], limits: Limits):
         self.limits = limits
+        self.stderr_tail = ""
         cmd, _ = bwrap_command(hidden, limits)
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      start_new_session=True, close_fds=True)
@@ -132,8 +133,7 @@ class Worker:
             kind, payload = self._receive(time.monotonic() + STARTUP_SECONDS)
             ready = json.loads(payload) if kind == b"J" else {}
         except WorkerGone as exc:
-            detail = self._stderr()
-            self.kill()
+            detail = self.stderr_tail
             raise SandboxUnavailable(f"python is unavailable: the sandbox did not start ({exc}"
                                      + (f"; bwrap said: {detail}" if detail else "") + ")") from None
         if ready.get("op") != "ready" or ready.get("sees_benchmark"):
@@ -169,13 +169,18 @@ class Worker:
 
     def kill(self) -> None:
         """Kill the worker's whole process group (bwrap, its pid namespace and everything in it)."""
+        if self.proc.stdin.closed:
+            return
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        self.proc.wait()
+        fd = self.proc.stderr.fileno()  # bwrap's own complaints, if it failed to set up the sandbox
+        if select.select([fd], [], [], 0)[0]:
+            self.stderr_tail = os.read(fd, 2000).decode(errors="replace").strip()
         for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             stream.close()
-        self.proc.wait()
 
     def exit_description(self) -> str:
         code = self.proc.poll()
@@ -220,11 +225,6 @@ class Worker:
     def _gone(self, reason: str):
         self.kill()
         raise WorkerGone(reason)
-
-    def _stderr(self) -> str:
-        if self.proc.poll() is None:
-            return ""
-        return self.proc.stderr.read(2000).decode(errors="replace").strip()
 
 
 def _ipc(table: pa.Table) -> bytes:
