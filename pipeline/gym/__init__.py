@@ -5,8 +5,7 @@ staged/).
 """
 
 from pipeline.gym.env import Env, EpisodeError
-from pipeline.gym.models import (Abstain, Answer, EpisodeState, Flag, Limits, Observation, Python, Sql,
-                                 Start)
+from pipeline.gym.models import Abstain, Answer, EpisodeState, Flag, Limits, Observation, Python, Sql, Start
 from pipeline.gym.recorder import Recorder
 
 __all__ = ["Abstain", "Answer", "Env", "EpisodeError", "EpisodeState", "Flag", "Limits", "Observation", "Python",

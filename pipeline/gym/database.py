@@ -16,7 +16,10 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
+import warnings
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -130,31 +133,76 @@ class EpisodeDB:
     def __init__(self, benchmark: Benchmark):
         self.benchmark = benchmark
         self.cursor = benchmark.db.con.cursor()
+        self.watchdog = Watchdog(self.cursor.interrupt)
         self.use("", "clean")
 
     def use(self, pair_id: str, side: str) -> None:
         noisy = side == "noise" and pair_id in self.benchmark.overlay_ids
         oid = self.benchmark.overlay_ids[pair_id] if noisy else Database.CLEAN
         path = self.benchmark.search_paths[pair_id] if noisy else CLEAN_SCHEMA
-        self.cursor.execute(f"SET VARIABLE overlay_id = {int(oid)}").fetchall()
-        self.cursor.execute(f"SET search_path = '{path}'").fetchall()
+        self.cursor.execute(f"SET VARIABLE overlay_id = {int(oid)}; SET search_path = '{path}'").fetchall()
 
     def query(self, sql: str, seconds: float) -> pa.Table:
         """Guard ``sql``, run it with a wall-time limit, return its rows; :class:`QueryError` otherwise."""
         sql = check(sql)
-        timer = threading.Timer(seconds, self.cursor.interrupt)
-        timer.start()
+        self.watchdog.arm(seconds)
         try:
-            return self.cursor.sql(sql).to_arrow_table()
+            # execute() + an Arrow reader is ~20% faster on the demo's gold SQL than the relation API
+            # duckdb's warning recommends (that binds the query twice)
+            result = self.cursor.execute(sql)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                return result.to_arrow_reader().read_all()
         except duckdb.InterruptException:
             raise QueryError(f"query stopped: it ran longer than the {seconds:g} s limit") from None
         except duckdb.Error as exc:
             raise QueryError(_agent_message(exc)) from None
         finally:
-            timer.cancel()
+            self.watchdog.disarm()
 
     def close(self) -> None:
+        self.watchdog.close()
         self.cursor.close()
+
+
+class Watchdog:
+    """One thread that calls ``interrupt`` when an armed deadline passes.
+
+    A timer thread per query would cost a thread start each time (milliseconds on a busy machine);
+    arming and disarming this one is a lock and a notify.
+    """
+
+    def __init__(self, interrupt: Callable[[], None]):
+        self._interrupt = interrupt
+        self._cond = threading.Condition()
+        self._deadline: float | None = None
+        self._closed = False
+        threading.Thread(target=self._run, name="gym-sql-watchdog", daemon=True).start()
+
+    def arm(self, seconds: float) -> None:
+        with self._cond:
+            self._deadline = time.monotonic() + seconds
+            self._cond.notify()
+
+    def disarm(self) -> None:
+        with self._cond:
+            self._deadline = None
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+
+    def _run(self) -> None:
+        with self._cond:
+            while not self._closed:
+                if self._deadline is None:
+                    self._cond.wait()
+                elif time.monotonic() >= self._deadline:
+                    self._deadline = None
+                    self._interrupt()
+                else:
+                    self._cond.wait(self._deadline - time.monotonic())
 
 
 def _agent_message(exc: duckdb.Error) -> str:
