@@ -351,7 +351,8 @@ def test_trl_adapter_needs_a_benchmark_folder(monkeypatch):
 # ---------------------------------------------------------------------------- play
 def test_play_runs_an_episode_at_the_prompt(bench, rows):
     script = "\n".join(["help", "schema", "sql SELECT count(*) AS n FROM patients", "python",
-                        "x = 40 + 2", "print(x)", ".", "flag unit_error | x1000 | " + rows["p_maxlab"]["expected_answer"]])
+                        "x = 40 + 2", "print(x)", ".",
+                        "flag unit_error | x1000 | " + rows["p_maxlab"]["expected_answer"]])
     result = CliRunner().invoke(main, ["play", "--benchmark", str(bench), "--pair", "p_maxlab"], input=script + "\n")
     assert result.exit_code == 0, result.output
     assert "noisy question of p_maxlab?" in result.output

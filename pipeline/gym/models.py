@@ -68,7 +68,7 @@ class Abstain(_Action):
 
 
 class Flag(_Action):
-    """Report a data-quality problem that affects the answer, with the answer the data still support (ends the episode)."""
+    """Report a data problem that affects the answer, with the answer the data still support (ends the episode)."""
 
     tool: Literal["flag"] = "flag"
     category: str = Field(description="the kind of problem found, from the listed categories")
@@ -79,7 +79,8 @@ class Flag(_Action):
 
 
 Action = Annotated[Sql | Python | Answer | Abstain | Flag, Field(discriminator="tool")]
-ACTION_TYPES: dict[str, type[_Action]] = {m.model_fields["tool"].default: m for m in (Sql, Python, Answer, Abstain, Flag)}
+ACTION_TYPES: dict[str, type[_Action]] = {m.model_fields["tool"].default: m
+                                          for m in (Sql, Python, Answer, Abstain, Flag)}
 TERMINAL = ("answer", "abstain", "flag")
 _ACTION = TypeAdapter(Action)
 
