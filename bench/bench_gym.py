@@ -100,11 +100,16 @@ def main() -> None:
         if env.state.step_count >= env.limits.max_steps - 1:
             env.reset(rows[0]["pair_id"], "noise")
             env.step({"name": "python", "arguments": {"code": "x = 0"}})
-    t = time.perf_counter()
-    env.step({"name": "python", "arguments": {"code": "df = sql('SELECT * FROM patients')\nprint(len(df))"}})
+    with_sql = []
+    for _ in range(20):
+        env.reset(rows[0]["pair_id"], "noise")
+        env.step({"name": "python", "arguments": {"code": "x = 0"}})
+        t = time.perf_counter()
+        env.step({"name": "python", "arguments": {"code": "df = sql('SELECT * FROM patients')\nprint(len(df))"}})
+        with_sql.append(time.perf_counter() - t)
     print(f"python worker cold start     {cold * 1000:7.1f} ms")
     print(line("python step (warm)", warm))
-    print(f"python step with sql()       {(time.perf_counter() - t) * 1000:7.2f} ms")
+    print(line("python step, sql() of 100 rows", with_sql))
     env.close()
 
     episode_rows = rows[:args.episodes]
