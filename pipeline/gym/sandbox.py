@@ -52,8 +52,8 @@ def _python_roots() -> list[Path]:
     return sorted(r for r in roots if not str(r).startswith("/usr"))
 
 
-def bwrap_command(hidden: list[Path], limits: Limits) -> tuple[list[str], dict]:
-    """The bubblewrap command line and the worker's config; refuses when a hidden path would be visible."""
+def bwrap_command(hidden: list[Path], limits: Limits) -> list[str]:
+    """The bubblewrap command line running the worker; refuses when a hidden path would be visible."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise SandboxUnavailable("python is unavailable: bubblewrap (bwrap) is not installed "
@@ -65,13 +65,11 @@ def bwrap_command(hidden: list[Path], limits: Limits) -> tuple[list[str], dict]:
             if real == root or root in real.parents:
                 raise SandboxUnavailable(f"python is unavailable: the benchmark folder {real} lies inside "
                                          f"{root}, which the sandbox must mount")
-    root = os.geteuid() == 0
+    as_root = os.geteuid() == 0
     cmd = [bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
            "--die-with-parent", "--new-session", "--clearenv", "--cap-drop", "ALL"]
-    if root:
-        cmd[-2:] = ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
-    else:
-        cmd.insert(1, "--unshare-user")
+    # as root: no user namespace, but the worker keeps only what it needs to drop to nobody at once
+    cmd += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"] if as_root else ["--unshare-user"]
     env = {"PATH": "/usr/bin:/bin", "HOME": "/scratch", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
            "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MPLCONFIGDIR": "/scratch",
            **{k: os.environ[k] for k in PASSED_ENV if k in os.environ}}
@@ -91,9 +89,9 @@ def bwrap_command(hidden: list[Path], limits: Limits) -> tuple[list[str], dict]:
     cmd += ["--ro-bind", str(WORKER), "/gym/worker.py", "--proc", "/proc", "--dev", "/dev",
             "--perms", "1777", "--size", size, "--tmpfs", "/scratch",
             "--perms", "1777", "--size", size, "--tmpfs", "/tmp", "--chdir", "/scratch"]
-    uid = NOBODY if root else os.getuid()
+    uid = NOBODY if as_root else os.getuid()
     config = {
-        "uid": NOBODY if root else None,
+        "uid": NOBODY if as_root else None,
         "hidden": [str(p) for p in hidden],
         "output_chars": limits.output_bytes,
         "rlimits": {
@@ -105,7 +103,7 @@ def bwrap_command(hidden: list[Path], limits: Limits) -> tuple[list[str], dict]:
             "RLIMIT_CORE": 0,
         },
     }
-    return cmd + [sys.executable, "-I", "/gym/worker.py", json.dumps(config)], config
+    return [*cmd, sys.executable, "-I", "/gym/worker.py", json.dumps(config)]
 
 
 def _processes_of(uid: int) -> int:
@@ -126,8 +124,7 @@ class Worker:
     def __init__(self, hidden: list[Path], limits: Limits):
         self.limits = limits
         self.stderr_tail = ""
-        cmd, _ = bwrap_command(hidden, limits)
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        self.proc = subprocess.Popen(bwrap_command(hidden, limits), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      start_new_session=True, close_fds=True)
         try:
             kind, payload = self._receive(time.monotonic() + STARTUP_SECONDS)
