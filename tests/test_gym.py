@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -281,6 +282,15 @@ def test_python_is_refused_when_the_sandbox_does_not_start(env, monkeypatch):
     env.reset("p_count", "clean")
     out = env.step({"name": "python", "arguments": {"code": "print('ran')"}}).content
     assert out.startswith("error: python is unavailable: the sandbox did not start (the worker exited with code 1")
+
+
+def test_python_installation_is_mounted_after_the_scratch_tmpfs(bench, monkeypatch):
+    from pipeline.gym import sandbox
+    monkeypatch.setattr(sandbox, "_python_roots", lambda: [Path("/tmp/ci/.venv")])
+    cmd = sandbox.bwrap_command([bench], Limits())
+    tmpfs = cmd.index("/tmp", cmd.index("--tmpfs", cmd.index("/scratch")))
+    assert cmd.index("/tmp/ci/.venv") > tmpfs  # a venv under /tmp is not hidden by the tmpfs
+    assert ["--perms", "0755", "--dir", "/tmp"] not in [cmd[i:i + 4] for i in range(len(cmd))]
 
 
 def test_python_is_refused_when_the_benchmark_would_be_mounted(bench, monkeypatch):

@@ -78,17 +78,19 @@ def bwrap_command(hidden: list[Path], limits: Limits) -> list[str]:
     cmd += ["--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
             "--symlink", "usr/bin", "/bin", "--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache",
             "--ro-bind-try", "/etc/localtime", "/etc/localtime"]
-    made: set[Path] = set()
+    size = str(limits.python_file_mb * 2**20)
+    cmd += ["--ro-bind", str(WORKER), "/gym/worker.py", "--proc", "/proc", "--dev", "/dev",
+            "--perms", "1777", "--size", size, "--tmpfs", "/scratch",
+            "--perms", "1777", "--size", size, "--tmpfs", "/tmp", "--chdir", "/scratch"]
+    # The Python installation last, so a scratch tmpfs never hides it (a venv under /tmp); its
+    # parent folders are made traversable for the unprivileged worker.
+    made = {Path("/tmp"), Path("/scratch")}
     for path in binds[1:]:
         for parent in reversed(path.parents):
             if parent != Path("/") and parent not in made:
                 cmd += ["--perms", "0755", "--dir", str(parent)]
                 made.add(parent)
         cmd += ["--ro-bind", str(path), str(path)]
-    size = str(limits.python_file_mb * 2**20)
-    cmd += ["--ro-bind", str(WORKER), "/gym/worker.py", "--proc", "/proc", "--dev", "/dev",
-            "--perms", "1777", "--size", size, "--tmpfs", "/scratch",
-            "--perms", "1777", "--size", size, "--tmpfs", "/tmp", "--chdir", "/scratch"]
     uid = NOBODY if as_root else os.getuid()
     config = {
         "uid": NOBODY if as_root else None,
