@@ -402,3 +402,20 @@ def test_scripted_agents_on_a_really_built_benchmark(tmp_path):
             scores[agent] = sum(rewards) / len(rewards)
     assert scores["gold"] == 1.0 and scores["expected"] == 1.0, scores
     assert scores["naive"] <= 0.10, scores
+
+
+def test_text_env_has_the_gymnasium_shape(bench, rows):
+    from pipeline.gym.textenv import TextEnv
+    env = TextEnv(bench, Limits(max_steps=2))
+    prompt, info = env.reset(seed=3)
+    assert env.reset(seed=3)[1]["pair_id"] == info["pair_id"] and info["side"] == "noise" and prompt
+    prompt, info = env.reset(options={"pair_id": "p_count", "side": "clean"})
+    assert rows["p_count"]["clean_question"] in prompt
+    text, reward, terminated, truncated, _ = env.step('{"name": "sql", "arguments": {"query": "SELECT 1 AS one"}}')
+    assert text.startswith("one\n1") and (reward, terminated, truncated) == (0.0, False, False)
+    text, reward, terminated, truncated, _ = env.step("not json")
+    assert "a tool call must be a dict" in text and truncated and not terminated
+    env.reset(options={"pair_id": "p_count", "side": "clean"})
+    _, reward, terminated, truncated, info = env.step({"name": "answer", "arguments": {"value": "30"}})
+    assert (reward, terminated, truncated) == (1.0, True, False) and info["correct"]
+    env.close()
