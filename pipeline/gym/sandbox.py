@@ -126,8 +126,8 @@ class Worker:
     def __init__(self, hidden: list[Path], limits: Limits):
         self.limits = limits
         self.stderr_tail = ""
-        self.proc = subprocess.Popen(bwrap_command(hidden, limits), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     start_new_session=True, close_fds=True)
+        self.proc = subprocess.Popen(bwrap_command(hidden, limits), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, start_new_session=True, close_fds=True)
         try:
             kind, payload = self._receive(time.monotonic() + STARTUP_SECONDS)
             ready = json.loads(payload) if kind == b"J" else {}
