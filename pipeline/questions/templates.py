@@ -18,6 +18,7 @@ import jinja2
 import jinja2.meta
 import yaml
 
+from pipeline.package_data import templates_dir
 from pipeline.questions.samplers import SAMPLERS
 from pipeline.schema import TABLES
 
@@ -31,7 +32,7 @@ OPERATORS = (
     "nonexistent_entity", "misspelled_entity", "window_outside_record", "false_premise",
     "ambiguous_reference",
 )
-TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
+TEMPLATES_DIR = templates_dir()  # the repository's templates/, shipped as pipeline.templates
 
 _REQUIRED = ("id", "intent", "level", "questions", "gold_sql", "evidence_sql", "slots",
              "answer_type", "requires", "noise")
