@@ -83,6 +83,8 @@ def _describe(inv: Invariant) -> str:
 def check_staged(staged_dir: str | os.PathLike) -> Iterator[tuple[str, bool]]:
     """Lines of a human-readable report, each with whether it is an error."""
     staged_dir = Path(staged_dir)
+    if not any(staged_path(staged_dir, t).is_file() for t in TABLES):
+        raise FileNotFoundError(f"no staged tables (<table>.parquet) in {staged_dir}")
     for table in TABLES:
         if not staged_path(staged_dir, table).exists():
             yield f"{table}: not staged, skipped", False

@@ -72,3 +72,8 @@ def test_a_bug_keeps_its_traceback(tmp_path, monkeypatch):
     result = CliRunner().invoke(main, ["stage", "--patients", "2", "--out", str(tmp_path / "s")])
     assert result.exit_code == 1 and isinstance(result.exception, ZeroDivisionError)
     assert "Error:" not in result.output
+
+
+def test_check_of_a_folder_without_staged_tables_fails(tmp_path):
+    result = CliRunner().invoke(main, ["check", "--staged", str(tmp_path)])
+    assert result.exit_code == 1 and f"no staged tables (<table>.parquet) in {tmp_path}" in result.output
