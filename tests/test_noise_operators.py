@@ -20,12 +20,12 @@ from typing import Callable
 import pyarrow as pa
 import pytest
 
-from pipeline.noise.bounds import register_bounds
 from pipeline.noise.candidates import operator_rng
 from pipeline.noise.model import AMBIGUOUS, CleanQuestion, Detector, answer_of
 from pipeline.noise.operators import OPERATORS
 from pipeline.noise.operators.common import record_candidate, update
 from pipeline.noise.overlay import Change, Database, Overlay
+from pipeline.plausibility import register_bounds
 from pipeline.noise.verify import CHECKS, expected_outcome, failed_checks, verify_candidates
 from pipeline.questions.evidence import check_evidence, evidence_violations
 from pipeline.questions.templates import Slot, Template, render
@@ -284,7 +284,7 @@ def world(tmp_path_factory) -> World:
         sink.write(name, _arrow(name, rows))
     assert sink.commit()["inputevents"] == 0
     db = Database(out)
-    register_bounds(db)
+    register_bounds(db.con, db.tables)
     questions = {}
     for key, (tid, slots, _answer, _evidence) in QUESTIONS.items():
         template = TEMPLATES[tid]

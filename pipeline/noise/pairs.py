@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from pipeline.files import stable_int
 from pipeline.noise.candidates import (DEFAULT_OPERATORS_PER_QUESTION, entity_pools, load_questions,
                                        propose, run_operator)
 from pipeline.noise.model import Candidate
 from pipeline.noise.operators import OPERATORS
 from pipeline.noise.overlay import Database
 from pipeline.noise.verify import CHECKS, failed_checks, verify_candidates
-from pipeline.files import stable_int
-from pipeline.noise.bounds import register_bounds
+from pipeline.plausibility import register_bounds
 from pipeline.questions.templates import load_templates
 
 
@@ -97,7 +97,7 @@ def _shard(staged_dir: str, rows: list[dict], seed: int, per_question: int) -> t
     templates = load_templates()
     db = Database(staged_dir)
     try:
-        register_bounds(db)
+        register_bounds(db.con, db.tables)
         questions = load_questions(pa.Table.from_pylist(rows), templates)
         pools = entity_pools(questions)
         candidates, proposal = propose(db, questions, seed, per_question)

@@ -8,7 +8,7 @@ import numpy as np
 
 from pipeline.noise.model import Candidate, CleanQuestion, Detector, answer_of
 from pipeline.noise.overlay import Change, Database, Overlay
-from pipeline.questions.evidence import RULES
+from pipeline.plausibility import RULES
 from pipeline.schema import ROW_ID, TABLES
 
 NUMERIC = ("number",)

@@ -10,11 +10,9 @@ from pipeline.noise.operators.common import (
     UNANSWERABLE_WHEN_EMPTY, copy_row, evidence_rows, has_column, pick, record_candidate, shifted,
     text_of, time_column, update, value_column, without)
 from pipeline.noise.overlay import Change, Overlay
-from pipeline.questions.evidence import RULES
+from pipeline.plausibility import PARENT_TIME, RULES
 from pipeline.questions.templates import sql_literal
-from pipeline.schema import EVENT_TIMES, ROW_ID
-
-_PARENT = {(t, c): p for t, c, p in EVENT_TIMES}
+from pipeline.schema import ROW_ID
 
 
 @operator("drop_evidence", "record", "missing_evidence", "completeness")
@@ -100,7 +98,7 @@ def orphan_link(db, q, params, rng):
 
 
 def _stay_end(db, table: str, time_col: str, row: dict):
-    parent = _PARENT.get((table, time_col))
+    parent = PARENT_TIME.get((table, time_col))
     if parent == "icustays" and row.get("stay_id") is not None:
         return db.scalar(f"SELECT outtime FROM base.icustays WHERE stay_id = {row['stay_id']}")
     if parent == "admissions" and row.get("hadm_id") is not None:

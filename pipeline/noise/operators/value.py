@@ -7,7 +7,7 @@ from pipeline.noise.operators import operator
 from pipeline.noise.operators.common import (
     evidence_rows, has_column, pick, record_candidate, text_of, update, value_column, without)
 from pipeline.noise.overlay import Overlay
-from pipeline.questions.evidence import RULES
+from pipeline.plausibility import RULES, item_bounds
 from pipeline.schema import ROW_ID
 
 # The same quantity charted in another unit: usual unit label -> (other label, conversion).
@@ -61,14 +61,6 @@ def _item_label(db, table: str, row: dict) -> str | None:
     return db.scalar(f"SELECT label FROM base.{rule.items} WHERE itemid = {row['itemid']}")
 
 
-def _bounds(db, table: str, label: str | None) -> tuple[float, float] | None:
-    if label is None:
-        return None
-    rows = db.rows(f"SELECT low, high FROM _bounds WHERE \"table\" = '{table}' AND label = "
-                   f"'{label.replace(chr(39), chr(39) * 2)}'")
-    return rows[0] if rows else None
-
-
 def _value_changes(q, row: dict, column: str, new: float) -> list:
     """Update the number and keep its text twin (and a lab's abnormal flag) consistent with it."""
     table = q.evidence_table
@@ -92,7 +84,7 @@ def unit_scale(db, q, params, rng):
         return None
     row = max(positive, key=lambda r: (r[column], r[ROW_ID]))  # the largest value needs the smallest slip
     label = _item_label(db, q.evidence_table, row)
-    bounds = _bounds(db, q.evidence_table, label)
+    bounds = item_bounds(db.con, q.evidence_table, label)
     if bounds is None:
         return None
     factor = next((f for f in params.get("factors", [10, 100, 1000]) if row[column] * f > bounds[1]), None)
@@ -114,7 +106,7 @@ def implausible_value(db, q, params, rng):
     if row is None:
         return None
     label = _item_label(db, q.evidence_table, row)
-    bounds = _bounds(db, q.evidence_table, label)
+    bounds = item_bounds(db.con, q.evidence_table, label)
     if bounds is None:
         return None
     low, high = bounds
