@@ -7,6 +7,7 @@ the MIMIC table names, and :func:`verify_candidates` must pass all five checks. 
 (irrelevant change, undetectable change, undeclared no-op, nondeterminism, no effect) must be
 rejected by the check that names their fault.
 """
+# ruff: noqa: C408  (hand-made rows read best as dict(column=value, ...))
 
 from __future__ import annotations
 
@@ -14,19 +15,32 @@ import datetime as dt
 import difflib
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 import pyarrow as pa
 import pytest
 
 from pipeline.noise.candidates import operator_rng
-from pipeline.noise.model import AMBIGUOUS, Candidate, CleanQuestion, Detector, OperatorParams, Proposal, answer_of
+from pipeline.noise.model import (
+    AMBIGUOUS,
+    Candidate,
+    CleanQuestion,
+    Detector,
+    OperatorParams,
+    Proposal,
+    answer_of,
+)
 from pipeline.noise.operators import OPERATORS
 from pipeline.noise.operators.common import record_proposal, update
 from pipeline.noise.overlay import Change, Database, Overlay
 from pipeline.noise.registry import NOISE_LEVELS, Operator
-from pipeline.noise.verify import CHECKS, expected_outcome, failed_checks, verify_candidates
+from pipeline.noise.verify import (
+    CHECKS,
+    expected_outcome,
+    failed_checks,
+    verify_candidates,
+)
 from pipeline.plausibility import register_bounds
 from pipeline.questions.evidence import check_evidence, evidence_violations
 from pipeline.questions.templates import EntitySlot, NoiseSpec, Slot, Template, render
@@ -680,7 +694,7 @@ def test_rejects_undetectable_change(world):
     for reason in ("implausible_value", "value_text_conflict", "duplicate_conflict"):
         cand = hand_made("silent", "value", "implausible_value", q,
                          record_proposal(q, overlay, "flag", None, reason, ["4.2 -> 4.6"]))
-        rec = verify_one(db, cand, lambda c: cand)
+        rec = verify_one(db, cand, lambda c, cand=cand: cand)
         assert _first_failure(rec) == "detectable" and rec["detector_noisy"] == 0, reason
 
 

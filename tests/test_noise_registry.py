@@ -12,9 +12,24 @@ from typing import get_args
 import pytest
 
 from pipeline.expectations import load_suite_json
-from pipeline.noise.export import (CANDIDATES_SCHEMA, PAIRS_SCHEMA, SHIPPED_SCHEMA, PairRecord, candidates_table,
-                                   dataset_card, manifest_json, pairs_table, shipped_table)
-from pipeline.noise.model import Behavior, CleanQuestion, Detector, OperatorParams, Proposal
+from pipeline.noise.export import (
+    CANDIDATES_SCHEMA,
+    PAIRS_SCHEMA,
+    SHIPPED_SCHEMA,
+    PairRecord,
+    candidates_table,
+    dataset_card,
+    manifest_json,
+    pairs_table,
+    shipped_table,
+)
+from pipeline.noise.model import (
+    Behavior,
+    CleanQuestion,
+    Detector,
+    OperatorParams,
+    Proposal,
+)
 from pipeline.noise.operators import OPERATORS
 from pipeline.noise.overlay import Overlay
 from pipeline.noise.pairs import pair_record

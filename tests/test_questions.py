@@ -6,7 +6,13 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.questions import TemplateError, generate_questions, load_templates, open_staged, render
+from pipeline.questions import (
+    TemplateError,
+    generate_questions,
+    load_templates,
+    open_staged,
+    render,
+)
 from pipeline.questions.generate import draw_candidates
 from pipeline.questions.templates import EntitySlot, NoiseSpec
 from pipeline.schema import table as schema_table
@@ -140,13 +146,13 @@ GOOD = """
 
 
 @pytest.mark.parametrize("change, message", [
-    (dict(gold="max(valuenum) {% if %}"), "Jinja syntax error"),
-    (dict(gold="{{ missing_slot|sql }}"), "unknown slot"),
-    (dict(sampler="no_such_sampler"), "unknown sampler 'no_such_sampler'"),
-    (dict(answer_type="float"), "answer_type 'float'"),
+    ({"gold": "max(valuenum) {% if %}"}, "Jinja syntax error"),
+    ({"gold": "{{ missing_slot|sql }}"}, "unknown slot"),
+    ({"sampler": "no_such_sampler"}, "unknown sampler 'no_such_sampler'"),
+    ({"answer_type": "float"}, "answer_type 'float'"),
 ])
 def test_bad_template_is_named(tmp_path, change, message):
-    fields = dict(tid="broken_template", sampler="patient", gold="max(valuenum)", answer_type="number")
+    fields = {"tid": "broken_template", "sampler": "patient", "gold": "max(valuenum)", "answer_type": "number"}
     fields.update(change)
     (tmp_path / "laboratory.yaml").write_text(GOOD.format(**fields))
     with pytest.raises(TemplateError, match=message) as err:

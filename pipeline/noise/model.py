@@ -31,7 +31,7 @@ class CleanQuestion:
     evidence: dict  # table -> sorted _rids
 
     @classmethod
-    def from_row(cls, row: dict, templates: dict[str, Template]) -> "CleanQuestion":
+    def from_row(cls, row: dict, templates: dict[str, Template]) -> CleanQuestion:
         return cls(row["question_id"], templates[row["template_id"]], json.loads(row["slots"]),
                    int(row["variant"]), row["question"], row["gold_sql"], row["answer"],
                    json.loads(row["evidence"]))

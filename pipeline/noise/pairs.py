@@ -18,8 +18,13 @@ from dataclasses import asdict, dataclass, field
 import pyarrow as pa
 
 from pipeline.files import stable_int
-from pipeline.noise.candidates import (DEFAULT_OPERATORS_PER_QUESTION, entity_pools, load_questions,
-                                       propose, run_operator)
+from pipeline.noise.candidates import (
+    DEFAULT_OPERATORS_PER_QUESTION,
+    entity_pools,
+    load_questions,
+    propose,
+    run_operator,
+)
 from pipeline.noise.export import PairRecord
 from pipeline.noise.model import Candidate
 from pipeline.noise.operators import OPERATORS
@@ -27,7 +32,6 @@ from pipeline.noise.overlay import Database
 from pipeline.noise.verify import CHECKS, failed_checks, verify_candidates
 from pipeline.plausibility import register_bounds
 from pipeline.questions.templates import load_templates
-
 
 SHARDS_PER_WORKER = 4
 
@@ -41,7 +45,7 @@ class NoiseReport:
     seconds: float = 0.0
 
     @classmethod
-    def from_records(cls, records: list[dict], not_applicable: Counter | None = None) -> "NoiseReport":
+    def from_records(cls, records: list[dict], not_applicable: Counter | None = None) -> NoiseReport:
         report = cls(not_applicable=Counter(not_applicable or {}))
         for r in records:
             report.proposed[r["operator"]] += 1

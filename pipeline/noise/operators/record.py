@@ -6,8 +6,19 @@ import datetime as dt
 
 from pipeline.noise.model import Detector, Proposal
 from pipeline.noise.operators.common import (
-    UNANSWERABLE_WHEN_EMPTY, copy_row, evidence_rows, has_column, pick, record_proposal, shifted,
-    text_of, time_column, update, value_column, without)
+    UNANSWERABLE_WHEN_EMPTY,
+    copy_row,
+    evidence_rows,
+    has_column,
+    pick,
+    record_proposal,
+    shifted,
+    text_of,
+    time_column,
+    update,
+    value_column,
+    without,
+)
 from pipeline.noise.overlay import Change, Overlay
 from pipeline.noise.registry import operator
 from pipeline.plausibility import PARENT_TIME, RULES
@@ -70,8 +81,8 @@ def duplicate_conflict(db, q, params, rng):
         changes = {column: new}
     change = copy_row(db, q.evidence_table, row, **changes)
     return record_proposal(q, Overlay([change]), "flag", None, "duplicate_conflict",
-                           [f"inserted a twin of {q.evidence_table} _rid={row[ROW_ID]} with {column} "
-                            f"{old!r} -> {new!r}"])
+                           [(f"inserted a twin of {q.evidence_table} _rid={row[ROW_ID]} with {column} "
+                             f"{old!r} -> {new!r}")])
 
 
 @operator(level="record", discrepancy="broken_link", kahn="conformance: relational")

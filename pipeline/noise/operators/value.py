@@ -6,7 +6,15 @@ from dataclasses import replace
 
 from pipeline.noise.model import Detector
 from pipeline.noise.operators.common import (
-    evidence_rows, has_column, pick, record_proposal, text_of, update, value_column, without)
+    evidence_rows,
+    has_column,
+    pick,
+    record_proposal,
+    text_of,
+    update,
+    value_column,
+    without,
+)
 from pipeline.noise.overlay import Overlay
 from pipeline.noise.registry import operator
 from pipeline.plausibility import RULES, item_bounds
@@ -98,8 +106,8 @@ def unit_scale(db, q, params, rng):
     new = round(row[column] * factor, 2)
     overlay = Overlay(_value_changes(q, row, column, new))
     return record_proposal(q, overlay, "flag", q.answer, "implausible_value",
-                           [f"{q.evidence_table} _rid={row[ROW_ID]} ({label}): {column} {row[column]} -> {new} "
-                            f"(x{factor}; plausible range {bounds[0]}-{bounds[1]})"])
+                           [(f"{q.evidence_table} _rid={row[ROW_ID]} ({label}): {column} {row[column]} -> {new} "
+                             f"(x{factor}; plausible range {bounds[0]}-{bounds[1]})")])
 
 
 @operator(level="value", discrepancy="implausible_value", kahn="plausibility: atemporal")
@@ -117,8 +125,8 @@ def implausible_value(db, q, params, rng):
     new = round(-abs(row[column]) - 1, 2) if low is not None and low >= 0 and rng.random() < 0.5 else round(high * float(rng.uniform(2, 4)), 1)
     overlay = Overlay(_value_changes(q, row, column, new))
     return record_proposal(q, overlay, "flag", without(db, q, [row[ROW_ID]]), "implausible_value",
-                           [f"{q.evidence_table} _rid={row[ROW_ID]} ({label}): {column} {row[column]} -> {new} "
-                            f"(plausible range {low}-{high})"])
+                           [(f"{q.evidence_table} _rid={row[ROW_ID]} ({label}): {column} {row[column]} -> {new} "
+                             f"(plausible range {low}-{high})")])
 
 
 @operator(level="value", discrepancy="unit_mismatch", kahn="conformance: value")
@@ -141,8 +149,8 @@ def unit_label_mismatch(db, q, params, rng):
     changes = [c for c in _value_changes(q, row, column, new) if c.column != "flag"]
     changes.append(update(q.evidence_table, row, rule.unit, unit))
     return record_proposal(q, Overlay(changes), "flag", q.answer, "unit_mismatch",
-                           [f"{q.evidence_table} _rid={row[ROW_ID]} ({label}): {row[column]} {row[rule.unit]} "
-                            f"-> {new} {unit}"])
+                           [(f"{q.evidence_table} _rid={row[ROW_ID]} ({label}): {row[column]} {row[rule.unit]} "
+                             f"-> {new} {unit}")])
 
 
 @operator(level="value", discrepancy="value_text_conflict", kahn="conformance: computational")
@@ -158,8 +166,8 @@ def value_text_conflict(db, q, params, rng):
     new = round(row[column] * float(pick(rng, TEXT_CONFLICT_FACTORS)), 2)
     overlay = Overlay([update(q.evidence_table, row, column, new)])
     return record_proposal(q, overlay, "flag", None, "value_text_conflict",
-                           [f"{q.evidence_table} _rid={row[ROW_ID]}: {column} {row[column]} -> {new}, "
-                            f"text still {row[rule.text]!r}"])
+                           [(f"{q.evidence_table} _rid={row[ROW_ID]}: {column} {row[column]} -> {new}, "
+                             f"text still {row[rule.text]!r}")])
 
 
 @operator(level="value", discrepancy="invalid_code", kahn="conformance: value")
@@ -207,5 +215,5 @@ def temporal_inversion(db, q, params, rng):
         return None
     changes = [update(table, row, rule.time, row[rule.end]), update(table, row, rule.end, row[rule.time])]
     return record_proposal(q, Overlay(changes), "abstain", None, "temporal_inversion",
-                           [f"{table} _rid={row[ROW_ID]}: {rule.time} and {rule.end} swapped "
-                            f"({row[rule.time]} / {row[rule.end]})"])
+                           [(f"{table} _rid={row[ROW_ID]}: {rule.time} and {rule.end} swapped "
+                             f"({row[rule.time]} / {row[rule.end]})")])
