@@ -77,8 +77,9 @@ def load_bounds(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def register_bounds(con: duckdb.DuckDBPyConnection, tables: Collection[str]) -> None:
-    """Create ``_bounds`` on ``con`` for every numeric item of the staged ``tables`` (read under
-    their MIMIC names): curated rows win over derived ones."""
+    """Create ``_bounds`` on ``con`` for every numeric item of the staged ``tables``, read under
+    their MIMIC names (on an overlay database: while the clean base is active). Curated rows win
+    over derived ones."""
     load_bounds(con)
     derived = []
     for table, rule in sorted(RULES.items()):

@@ -120,7 +120,7 @@ def test_pairs_suite_agrees_with_the_registry_and_the_record():
                 "expected_behavior": set(get_args(Behavior))}
     for column, values in expected.items():
         if column in value_sets:
-            assert value_sets[column] == values, column
+            assert value_sets[column] == values, f"expectations/benchmark/pairs.json: {column} value_set"
 
 
 def test_manifest_and_card_describe_every_operator():

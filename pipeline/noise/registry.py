@@ -22,10 +22,12 @@ import numpy as np
 from pipeline.noise.model import Candidate, CleanQuestion, OperatorParams, Proposal
 from pipeline.noise.overlay import Database
 
-NOISE_LEVELS = ("record", "value", "query")  # what the noise touches (question levels: QUESTION_LEVELS)
+NOISE_LEVELS = ("record", "value", "query")  # what the noise touches; a question's level: QUESTION_LEVELS
 
 
 class OperatorFunction(Protocol):
+    """The one signature of every operator; ``None`` means it does not apply to the question."""
+
     def __call__(self, db: Database, question: CleanQuestion, params: OperatorParams,
                  rng: np.random.Generator, /) -> Proposal | None: ...
 
