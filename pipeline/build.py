@@ -17,10 +17,11 @@ import pyarrow as pa
 from pipeline.expectations import validate_parquet
 from pipeline.files import AtomicFolder, sha256_file
 from pipeline.noise.export import (code_version, dataset_card, manifest_json, overlays_table,
-                                   pairs_table, templates_fingerprint)
+                                   pairs_table, split_tables, templates_fingerprint)
 from pipeline.noise.pairs import NoiseReport, candidate_records
 from pipeline.noise.select import select_pairs, template_splits
 from pipeline.questions.generate import DEFAULT_PER_TEMPLATE, QuestionReport, generate_questions
+from pipeline.layout import RunLayout
 from pipeline.questions.templates import TEMPLATES_DIR, load_templates
 from pipeline.sources import make_source
 from pipeline.schema import TABLES
@@ -68,6 +69,7 @@ def build(source: str, out: str | os.PathLike, seed: int, path: str | os.PathLik
           questions_per_template: int = DEFAULT_PER_TEMPLATE) -> BuildReport:
     """Run the whole chain into ``out``; the same inputs and seed give byte-identical files."""
     out = Path(out)
+    layout = RunLayout(out)
     report = BuildReport(out)
     clock = time.perf_counter()
 
@@ -77,12 +79,13 @@ def build(source: str, out: str | os.PathLike, seed: int, path: str | os.PathLik
         report.timings[name] = now - clock
         clock = now
 
-    report.stage = stage(make_source(source, path, patients=patients, seed=seed), out / "staged")
+    report.stage = stage(make_source(source, path, patients=patients, seed=seed), layout.staged)
     lap("stage")
     templates = load_templates()
-    questions, report.questions = generate_questions(out / "staged", seed, templates, questions_per_template)
+    questions, report.questions = generate_questions(layout.staged, seed, templates, questions_per_template,
+                                                     workers=workers)
     lap("questions")
-    records, report.noise = candidate_records(out / "staged", questions, seed, workers=workers)
+    records, report.noise = candidate_records(layout.staged, questions, seed, workers=workers)
     lap("noise")
     report.pairs = ship(records, templates, seed, per_template)
     report.manifest = export_benchmark(out, report.pairs, questions, report.questions.rejected, report.noise,
@@ -105,20 +108,22 @@ def ship(records: list[dict], templates, seed: int, per_template: int = PAIRS_PE
 
 def export_benchmark(out: Path, pairs: list[dict], questions: pa.Table, question_rejections: dict,
                      noise: NoiseReport, source: dict, seed: int) -> dict:
-    """Write pairs, overlays, clean questions, manifest and dataset card into ``out``, atomically;
-    ``out/staged`` must hold the staged tables. Returns the manifest."""
+    """Write pairs, overlays, their train/dev/test splits, clean questions, manifest and dataset card
+    into ``out``, atomically; ``out/staged`` must hold the staged tables. Returns the manifest."""
+    layout = RunLayout(out)
     folder = AtomicFolder(out)
     try:
         files = {
-            "pairs.parquet": folder.write_parquet("pairs.parquet", pairs_table(pairs)),
-            "overlays.parquet": folder.write_parquet("overlays.parquet", overlays_table(pairs)),
-            "clean_questions.parquet": folder.write_parquet("clean_questions.parquet", questions),
+            layout.PAIRS: folder.write_parquet(layout.PAIRS, pairs_table(pairs)),
+            layout.OVERLAYS: folder.write_parquet(layout.OVERLAYS, overlays_table(pairs)),
+            layout.CLEAN_QUESTIONS: folder.write_parquet(layout.CLEAN_QUESTIONS, questions),
         }
-        suite = validate_parquet(files["pairs.parquet"], "benchmark/pairs")
+        files.update({name: folder.write_parquet(name, table) for name, table in split_tables(pairs).items()})
+        suite = validate_parquet(files[layout.PAIRS], "benchmark/pairs")
         if suite.errors:
             raise BuildError("pairs.parquet fails its expectation suite: "
                              + "; ".join(f"{o.describe()} ({o.unexpected_count} unexpected)" for o in suite.errors))
-        staged = {t: staged_path(out / "staged", t) for t in TABLES}
+        staged = {t: staged_path(layout.staged, t) for t in TABLES}
         manifest = {
             "seed": seed,
             "source": source,
@@ -151,9 +156,11 @@ def export_benchmark(out: Path, pairs: list[dict], questions: pa.Table, question
                              "failed": [o.describe() for o in suite.errors + suite.warnings]},
             "outputs": {name: sha256_file(tmp) for name, tmp in files.items()},
         }
-        folder.write_text("manifest.json", manifest_json(manifest))
-        folder.write_text("README.md", dataset_card(manifest))
+        folder.write_text(layout.MANIFEST, manifest_json(manifest))
+        folder.write_text(layout.CARD, dataset_card(manifest))
         folder.commit()
+        for stale in set((out / "splits").glob("*.parquet")) - {out / name for name in files}:
+            stale.unlink()
         return manifest
     except BaseException:
         folder.abort()

@@ -92,13 +92,14 @@ main.add_command(questions_command, "questions")
 @click.option("--questions-per-template", type=click.IntRange(min=1), default=None,
               help="Clean questions drawn per template (default: 40).")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
-              help="Worker processes for perturbation and verification (default: CPU count).")
+              help="Worker processes for questions, perturbation and verification (default: CPU count).")
 def build_command(source, path, patients, seed, out, per_template, questions_per_template, workers):
     """Build a verified Clean–Noise benchmark: stage, ask, perturb, verify, select, export."""
     from pipeline.build import PAIRS_PER_TEMPLATE, BuildError, build
+    from pipeline.layout import RunLayout
     from pipeline.questions.generate import DEFAULT_PER_TEMPLATE
 
-    out = out or Path("data") / "benchmark" / source / f"seed={seed}"
+    out = out or RunLayout.for_run(source, seed).root
     try:
         report = build(source, out, seed, path=path, patients=patients,
                        per_template=per_template or PAIRS_PER_TEMPLATE, workers=workers,

@@ -56,6 +56,7 @@ class AtomicFolder:
 
     def path(self, name: str) -> Path:
         final = self.out / name
+        final.parent.mkdir(parents=True, exist_ok=True)
         tmp = temp_path(final)
         self.pending.append((tmp, final))
         return tmp

@@ -40,8 +40,8 @@ def test_source_assets_materialize_on_the_demo_with_checks(demo_path, tmp_path):
     labevents = next(e for e in result.get_asset_materialization_events()
                      if e.asset_key.to_user_string() == "labevents")
     assert labevents.materialization.metadata["dagster/row_count"].value == 107_727
-    assert (run.staged_dir / "labevents.parquet").exists()
-    assert run.staged_dir == tmp_path / "benchmark" / "demo" / "seed=0" / "staged"
+    assert (run.layout.staged / "labevents.parquet").exists()
+    assert run.layout.staged == tmp_path / "benchmark" / "demo" / "seed=0" / "staged"
 
 
 @pytest.mark.slow

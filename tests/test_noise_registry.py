@@ -125,8 +125,8 @@ def test_pairs_suite_agrees_with_the_registry_and_the_record():
 
 def test_manifest_and_card_describe_every_operator():
     manifest = {"seed": 0, "source": {"kind": "synthetic"},
-                "counts": {"pairs": 3, "by_noise_level": {"query": 3}, "by_intent": {"laboratory": 3},
-                           "by_operator": {"false_premise": 3}}}
+                "counts": {"pairs": 3, "by_split": {"test": 3}, "by_noise_level": {"query": 3},
+                           "by_intent": {"laboratory": 3}, "by_operator": {"false_premise": 3}}}
     catalog = json.loads(manifest_json(manifest))["operators"]
     assert set(catalog) == set(OPERATORS)
     card = dataset_card(manifest)

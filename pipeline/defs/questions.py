@@ -16,18 +16,6 @@ from pipeline.schema import TABLES
 SAMPLES_PER_CELL = 2
 
 
-def questions_path(run: BenchmarkRun):
-    return run.run_dir / "clean_questions.parquet"
-
-
-def pools_path(run: BenchmarkRun):
-    return run.run_dir / "slot_pools.parquet"
-
-
-def question_rejections_path(run: BenchmarkRun):
-    return run.run_dir / "clean_questions_rejected.json"
-
-
 def _markdown_table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in row) + " |" for row in rows]
@@ -51,9 +39,9 @@ def _samples(rows: list[dict]) -> str:
 def slot_pools(context: dg.AssetExecutionContext, benchmark_run: BenchmarkRun) -> dg.MaterializeResult:
     """Every template's candidate slot values (patients, items, drugs, codes, windows, thresholds),
     drawn by its seeded samplers from the staged data, in the order clean_questions evaluates them."""
-    table, skipped = generate.slot_pools(benchmark_run.staged_dir, benchmark_run.seed,
+    table, skipped = generate.slot_pools(benchmark_run.layout.staged, benchmark_run.seed,
                                          per_template=benchmark_run.questions_per_template)
-    write_parquet(table, pools_path(benchmark_run))
+    write_parquet(table, benchmark_run.layout.slot_pools)
     for template_id, reason in skipped.items():
         context.log.warning(f"template {template_id} skipped: {reason}")
     per_template = Counter(table.column("template_id").to_pylist())
@@ -74,18 +62,18 @@ def slot_pools(context: dg.AssetExecutionContext, benchmark_run: BenchmarkRun) -
 def clean_questions(context: dg.AssetExecutionContext, benchmark_run: BenchmarkRun) -> dg.MaterializeResult:
     """Clean questions: every template's slot-pool candidates rendered, answered by the gold SQL,
     kept only when the answer is non-empty and its evidence rows pass the clean-evidence filter."""
-    table, report = generate_questions(benchmark_run.staged_dir, benchmark_run.seed,
+    table, report = generate_questions(benchmark_run.layout.staged, benchmark_run.seed,
                                        per_template=benchmark_run.questions_per_template,
-                                       pools=pq.read_table(pools_path(benchmark_run)))
-    write_parquet(table, questions_path(benchmark_run))
-    question_rejections_path(benchmark_run).write_text(json.dumps(dict(sorted(report.rejected.items()))))
+                                       workers=benchmark_run.workers, pools=pq.read_table(benchmark_run.layout.slot_pools))
+    write_parquet(table, benchmark_run.layout.clean_questions)
+    benchmark_run.layout.question_rejections.write_text(json.dumps(dict(sorted(report.rejected.items()))))
     for template_id, reason in report.skipped.items():
         context.log.warning(f"template {template_id} skipped: {reason}")
     rows = table.to_pylist()
     cells = [[i] + [report.cells[(i, lvl)] for lvl in QUESTION_LEVELS] for i in INTENTS]
     return dg.MaterializeResult(metadata={
         "dagster/row_count": table.num_rows,
-        "path": dg.MetadataValue.path(str(questions_path(benchmark_run))),
+        "path": dg.MetadataValue.path(str(benchmark_run.layout.clean_questions)),
         "seconds": round(report.seconds, 1),
         "by_intent_and_level": dg.MetadataValue.md(_markdown_table(["intent", *QUESTION_LEVELS], cells)),
         "by_template": dg.MetadataValue.md(_markdown_table(
@@ -101,7 +89,7 @@ def clean_questions(context: dg.AssetExecutionContext, benchmark_run: BenchmarkR
 
 @dg.asset_check(asset=clean_questions, description="Every intent × level cell has clean questions; ids unique.")
 def clean_questions_cover_all_cells(benchmark_run: BenchmarkRun) -> dg.AssetCheckResult:
-    rows = pq.read_table(questions_path(benchmark_run), columns=["question_id", "intent", "level"]).to_pylist()
+    rows = pq.read_table(benchmark_run.layout.clean_questions, columns=["question_id", "intent", "level"]).to_pylist()
     cells = Counter((r["intent"], r["level"]) for r in rows)
     empty = [f"{i}/{lvl}" for i in INTENTS for lvl in QUESTION_LEVELS if not cells[(i, lvl)]]
     duplicates = len(rows) - len({r["question_id"] for r in rows})

@@ -16,6 +16,7 @@ from typing import get_args, get_type_hints
 
 import pyarrow as pa
 
+from pipeline.layout import SPLITS, RunLayout
 from pipeline.noise.operators import OPERATORS
 from pipeline.noise.registry import NOISE_LEVELS
 
@@ -96,6 +97,19 @@ def overlays_table(pairs: list[dict]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=OVERLAYS_SCHEMA)
 
 
+def split_tables(pairs: list[dict]) -> dict[str, pa.Table]:
+    """The files the dataset card's configs name: each split's pairs and overlays. A split without
+    pairs gets no file (``datasets`` cannot read an empty Parquet file) and no config entry."""
+    tables = {}
+    for split in SPLITS:
+        mine = [p for p in pairs if p["split"] == split]
+        if not mine:
+            continue
+        tables[RunLayout.split_file("pairs", split)] = pairs_table(mine)
+        tables[RunLayout.split_file("overlays", split)] = overlays_table(mine)
+    return tables
+
+
 def code_version() -> dict:
     try:
         pkg = version("ehr-robustgym")
@@ -118,11 +132,31 @@ def templates_fingerprint(templates_dir: Path) -> str:
     return digest.hexdigest()
 
 
+# The card's licence header by source: the data's licence, not the code's (SPEC §2).
+CARD_LICENSE = {
+    "demo": ["license: odbl"],
+    "mimic": ["license: other", "license_name: physionet-credentialed-health-data-license-1.5.0",
+              "license_link: https://physionet.org/content/mimiciv/view-license/2.2/"],
+    "synthetic": ["license: apache-2.0"],
+}
+
+
+def _card_configs(splits: list[str]) -> list[str]:
+    """Hugging Face ``configs``: the pairs (default) and their overlays, one file per split."""
+    lines = ["configs:"]
+    for kind, default in (("pairs", True), ("overlays", False)):
+        lines += [f"- config_name: {'default' if default else kind}"] + (["  default: true"] if default else [])
+        lines.append("  data_files:")
+        for split in splits:
+            lines += [f"  - split: {split}", f"    path: {RunLayout.split_file(kind, split)}"]
+    return lines
+
+
 def dataset_card(manifest: dict) -> str:
     counts = manifest["counts"]
     lines = [
         "---",
-        "license: odbl" if manifest["source"]["kind"] in ("demo", "mimic") else "license: apache-2.0",
+        *CARD_LICENSE[manifest["source"]["kind"]],
         "pretty_name: EHR-RobustGym Clean-Noise pairs",
         "task_categories:",
         "- question-answering",
@@ -131,15 +165,7 @@ def dataset_card(manifest: dict) -> str:
         "- mimic-iv",
         "- robustness",
         "- text-to-sql",
-        "configs:",
-        "- config_name: default",
-        "  data_files:",
-        "  - split: all",
-        "    path: pairs.parquet",
-        "- config_name: overlays",
-        "  data_files:",
-        "  - split: all",
-        "    path: overlays.parquet",
+        *_card_configs([s for s in SPLITS if counts["by_split"].get(s)]),
         "---",
         "",
         f"# EHR-RobustGym benchmark — {manifest['source']['kind']}, seed {manifest['seed']}",
@@ -153,11 +179,13 @@ def dataset_card(manifest: dict) -> str:
         "",
         "```python",
         "from datasets import load_dataset",
-        'pairs = load_dataset("parquet", data_files="pairs.parquet")["train"]',
-        'test = pairs.filter(lambda p: p["split"] == "test")',
+        'pairs = load_dataset("path/to/this/folder")            # train / dev / test',
+        'overlays = load_dataset("path/to/this/folder", "overlays")',
+        'everything = load_dataset("parquet", data_files="pairs.parquet")["train"]',
         "```",
         "",
-        "The `split` column assigns whole templates to `train`, `dev` or `test`. A pair's noisy",
+        "Splits assign whole templates to `train`, `dev` or `test` (the `split` column of",
+        "`pairs.parquet`, which holds every pair; `splits/` holds one file per split). A pair's noisy",
         "database is `staged/<table>.parquet` with the rows of `overlays.parquet` for its `pair_id`",
         "applied (delete a `_rid`, insert a row, update a cell).",
         "",

@@ -32,8 +32,7 @@ from pipeline.questions.answers import AnswerError, normalise
 from pipeline.questions.evidence import check_evidence
 from pipeline.questions.samplers import SAMPLERS
 from pipeline.questions.templates import Template, load_templates, render
-from pipeline.schema import TABLES
-from pipeline.staging import staged_path
+from pipeline.staging import attach_staged
 
 DEFAULT_PER_TEMPLATE = 40
 OVERSAMPLE = 3
@@ -71,26 +70,15 @@ class QuestionReport:
 
 
 def open_staged(staged_dir: str | os.PathLike) -> tuple[duckdb.DuckDBPyConnection, set[str]]:
-    """An in-memory DuckDB with one view per staged table, named as in MIMIC-IV, and the bounds.
-    Dictionaries (``d_*``, the same size on the demo and on full MIMIC-IV) are loaded as tables:
-    nearly every gold query joins one, and re-scanning their Parquet dominated query time."""
+    """An in-memory DuckDB with every staged table loaded under its MIMIC-IV name, and the bounds:
+    generation runs thousands of small gold queries, and re-scanning Parquet dominated their time."""
     con = duckdb.connect()
     con.execute("SET enable_progress_bar = false")
-    present = set()
-    for name in TABLES:
-        path = staged_path(staged_dir, name)
-        if path.is_file():
-            kind = "TABLE"
-            con.execute(f"CREATE {kind} {name} AS SELECT * FROM read_parquet('{_quote(path)}')")
-            present.add(name)
+    present = set(attach_staged(con, staged_dir, kind="TABLE"))
     if not present:
         raise FileNotFoundError(f"no staged tables (<table>.parquet) in {staged_dir}")
     load_bounds(con)
     return con, present
-
-
-def _quote(path: Path) -> str:
-    return str(path).replace("'", "''")
 
 
 def _json(value) -> str:
