@@ -12,8 +12,51 @@ from pipeline.sources import DEFAULT_SYNTHETIC_PATIENTS, SOURCE_KINDS, make_sour
 from pipeline.staging import StagingError, stage
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-def main() -> None:
+def expected_errors() -> tuple[type[Exception], ...]:
+    """Errors that mean bad input or a failed check, not a bug: the CLI reports them in one line.
+    The project's own errors first; then the file system's and those DuckDB and Arrow raise on
+    unreadable input (imported here, when one occurred, so that ``--help`` stays fast)."""
+    import duckdb
+    import pyarrow
+
+    from pipeline.build import BuildError
+    from pipeline.download import ChecksumError
+    from pipeline.questions.answers import AnswerError
+    from pipeline.questions.templates import TemplateError
+
+    return (TemplateError, AnswerError, StagingError, BuildError, ChecksumError,
+            OSError, duckdb.Error, pyarrow.ArrowException)
+
+
+def one_line(exc: Exception) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+class Cli(click.Group):
+    """Every command: an expected error ends the run with ``Error: <one line>`` and exit code 1;
+    any other exception is a bug and keeps its traceback. ``--debug`` (or EHR_ROBUSTGYM_DEBUG=1)
+    shows the traceback of expected errors too, also of those a command reports itself."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as exc:
+            if ctx.params.get("debug") and isinstance(exc.__cause__, Exception):
+                raise exc.__cause__
+            raise
+        except Exception as exc:
+            if ctx.params.get("debug") or not isinstance(exc, expected_errors()):
+                raise
+            project_error = type(exc).__module__.startswith("pipeline.")
+            raise click.ClickException(one_line(exc) if project_error else
+                                       f"{one_line(exc)} (ehr-robustgym --debug ... shows the traceback)") from exc
+
+
+@click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, envvar="EHR_ROBUSTGYM_DEBUG",
+              help="Show the traceback of an error instead of one line.")
+def main(debug: bool) -> None:
     """EHR-RobustGym: verified Clean–Noise benchmarks over MIMIC-IV, and a gym to run agents on them."""
 
 

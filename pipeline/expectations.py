@@ -20,7 +20,9 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-EXPECTATIONS_DIR = Path(__file__).resolve().parent.parent / "expectations"
+from pipeline.package_data import expectations_dir  # noqa: E402
+
+EXPECTATIONS_DIR = expectations_dir()  # the repository's expectations/, shipped as pipeline.expectations_data
 BATCH_ROWS = 500_000
 EXAMPLES = 5
 

@@ -117,6 +117,8 @@ def code_version() -> dict:
         pkg = "unknown"
     repo = Path(__file__).resolve().parents[2]
     try:
+        if not (repo / ".git").exists():  # an installed wheel: not a checkout (git would find an enclosing repo)
+            raise FileNotFoundError(repo / ".git")
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
                                 timeout=10, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError):

@@ -19,13 +19,14 @@ import jinja2
 import jinja2.meta
 import yaml
 
+from pipeline.package_data import templates_dir
 from pipeline.questions.samplers import SAMPLERS
 from pipeline.schema import TABLES
 
 INTENTS = ("encounters", "diagnoses", "procedures", "medications", "laboratory", "icu_monitoring")
 QUESTION_LEVELS = ("patient", "population")  # what a question is about (noise levels: pipeline.noise.registry)
 ANSWER_TYPES = ("number", "integer", "boolean", "text", "list", "set", "date", "datetime")
-TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
+TEMPLATES_DIR = templates_dir()  # the repository's templates/, shipped as pipeline.templates
 
 _REQUIRED = ("id", "intent", "level", "questions", "gold_sql", "evidence_sql", "slots",
              "answer_type", "requires", "noise")
