@@ -13,21 +13,21 @@ from pipeline.expectations import validate_parquet
 from pipeline.files import write_parquet
 from pipeline.noise.audit import operator_table, samples_markdown
 from pipeline.noise.export import candidates_table, shipped_table
-from pipeline.noise.model import LEVELS
 from pipeline.noise.pairs import NoiseReport, candidate_records
+from pipeline.noise.registry import NOISE_LEVELS
 from pipeline.noise.verify import CHECKS
 from pipeline.questions.templates import load_templates
 
 
 def _read_candidates(run: BenchmarkRun) -> list[dict]:
-    return [r for level in LEVELS for r in pq.read_table(run.layout.candidates(level)).to_pylist()]
+    return [r for level in NOISE_LEVELS for r in pq.read_table(run.layout.candidates(level)).to_pylist()]
 
 
 @dg.multi_asset(
     specs=[dg.AssetSpec(f"noise_candidates_{level}", group_name="noise", deps=[clean_questions],
                         kinds={"duckdb", "parquet"},
                         description=f"Every {level}-level candidate pair with its five verification checks.")
-           for level in LEVELS],
+           for level in NOISE_LEVELS],
     name="noise_candidates",
 )
 def noise_candidates(context: dg.AssetExecutionContext, benchmark_run: BenchmarkRun):
@@ -38,7 +38,7 @@ def noise_candidates(context: dg.AssetExecutionContext, benchmark_run: Benchmark
                                        workers=benchmark_run.workers)
     benchmark_run.layout.not_applicable.parent.mkdir(parents=True, exist_ok=True)
     benchmark_run.layout.not_applicable.write_text(json.dumps(dict(sorted(report.not_applicable.items()))))
-    for level in LEVELS:
+    for level in NOISE_LEVELS:
         mine = [r for r in records if r["noise_level"] == level]
         write_parquet(candidates_table(mine), benchmark_run.layout.candidates(level))
         level_report = NoiseReport.from_records(mine, report.not_applicable)
@@ -53,7 +53,7 @@ def noise_candidates(context: dg.AssetExecutionContext, benchmark_run: Benchmark
         })
 
 
-@dg.asset(group_name="noise", deps=[f"noise_candidates_{level}" for level in LEVELS], kinds={"parquet"})
+@dg.asset(group_name="noise", deps=[f"noise_candidates_{level}" for level in NOISE_LEVELS], kinds={"parquet"})
 def verified_pairs(benchmark_run: BenchmarkRun) -> dg.MaterializeResult:
     """The shipped pairs: verified candidates, balanced (intent ≥ 10%, noise level ≥ 25%,
     population ≥ 25%), capped per template, split by template into train/dev/test."""

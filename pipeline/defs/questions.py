@@ -10,7 +10,7 @@ from pipeline.defs.resources import BenchmarkRun
 from pipeline.questions import generate
 from pipeline.files import write_parquet
 from pipeline.questions.generate import generate_questions
-from pipeline.questions.templates import INTENTS, LEVELS
+from pipeline.questions.templates import INTENTS, QUESTION_LEVELS
 from pipeline.schema import TABLES
 
 SAMPLES_PER_CELL = 2
@@ -70,12 +70,12 @@ def clean_questions(context: dg.AssetExecutionContext, benchmark_run: BenchmarkR
     for template_id, reason in report.skipped.items():
         context.log.warning(f"template {template_id} skipped: {reason}")
     rows = table.to_pylist()
-    cells = [[i] + [report.cells[(i, lvl)] for lvl in LEVELS] for i in INTENTS]
+    cells = [[i] + [report.cells[(i, lvl)] for lvl in QUESTION_LEVELS] for i in INTENTS]
     return dg.MaterializeResult(metadata={
         "dagster/row_count": table.num_rows,
         "path": dg.MetadataValue.path(str(benchmark_run.layout.clean_questions)),
         "seconds": round(report.seconds, 1),
-        "by_intent_and_level": dg.MetadataValue.md(_markdown_table(["intent", *LEVELS], cells)),
+        "by_intent_and_level": dg.MetadataValue.md(_markdown_table(["intent", *QUESTION_LEVELS], cells)),
         "by_template": dg.MetadataValue.md(_markdown_table(
             ["template", "clean questions", "rejected"],
             [[t, n, json.dumps(dict(report.rejected_by_template.get(t, {})))] for t, n in sorted(report.questions.items())])),
@@ -91,7 +91,7 @@ def clean_questions(context: dg.AssetExecutionContext, benchmark_run: BenchmarkR
 def clean_questions_cover_all_cells(benchmark_run: BenchmarkRun) -> dg.AssetCheckResult:
     rows = pq.read_table(benchmark_run.layout.clean_questions, columns=["question_id", "intent", "level"]).to_pylist()
     cells = Counter((r["intent"], r["level"]) for r in rows)
-    empty = [f"{i}/{lvl}" for i in INTENTS for lvl in LEVELS if not cells[(i, lvl)]]
+    empty = [f"{i}/{lvl}" for i in INTENTS for lvl in QUESTION_LEVELS if not cells[(i, lvl)]]
     duplicates = len(rows) - len({r["question_id"] for r in rows})
     return dg.AssetCheckResult(passed=not empty and not duplicates,
                                metadata={"empty_cells": ", ".join(empty) or "none", "duplicate_ids": duplicates})

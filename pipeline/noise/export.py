@@ -9,46 +9,86 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
+from dataclasses import dataclass, fields
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import get_args, get_type_hints
 
 import pyarrow as pa
 
 from pipeline.layout import SPLITS, RunLayout
+from pipeline.noise.operators import OPERATORS
+from pipeline.noise.registry import NOISE_LEVELS
 
 
-PAIR_COLUMNS = [
-    ("pair_id", pa.string()), ("seed", pa.int64()), ("question_id", pa.string()),
-    ("template_id", pa.string()), ("intent", pa.string()), ("level", pa.string()),
-    ("noise_level", pa.string()), ("operator", pa.string()), ("clean_question", pa.string()),
-    ("noisy_question", pa.string()), ("gold_sql", pa.string()), ("answer_type", pa.string()),
-    ("clean_answer", pa.string()), ("naive_sql", pa.string()), ("expected_behavior", pa.string()),
-    ("expected_answer", pa.string()), ("discrepancy", pa.string()), ("evidence", pa.string()),
-    ("verification", pa.string()), ("split", pa.string()), ("change_log", pa.string()),
-    ("noisy_slots", pa.string()),
-]
-PAIRS_SCHEMA = pa.schema(PAIR_COLUMNS)
-CANDIDATES_SCHEMA = pa.schema([f for f in PAIR_COLUMNS if f[0] != "split"] + [
-    ("verified", pa.bool_()), ("failed_check", pa.string()), ("changes", pa.string())])
+@dataclass(frozen=True, kw_only=True)
+class PairRecord:
+    """A candidate pair with its verification, flat. Its fields, in order, are the columns of
+    every table of pairs (see the schemas below); the JSON-valued ones hold canonical JSON text."""
+
+    pair_id: str
+    seed: int
+    question_id: str
+    template_id: str
+    intent: str
+    level: str  # question level
+    noise_level: str
+    operator: str
+    clean_question: str
+    noisy_question: str
+    gold_sql: str
+    answer_type: str
+    clean_answer: str
+    naive_sql: str
+    expected_behavior: str
+    expected_answer: str | None
+    discrepancy: str
+    evidence: str  # JSON: table -> _rids of the clean answer
+    verification: str  # JSON: each check's outcome and what it measured
+    split: str | None = None  # train | dev | test, once shipped
+    change_log: str  # JSON: what the operator did, in words
+    noisy_slots: str  # JSON
+    verified: bool
+    failed_check: str | None
+    changes: str  # JSON: the overlay, [table, op, rid, column, new value] per change
+
+
+def _arrow_type(hint) -> pa.DataType:
+    """The Arrow type of a field typed ``str``, ``int`` or ``bool``, optionally ``| None``."""
+    (python_type,) = [t for t in get_args(hint) or (hint,) if t is not type(None)]
+    return {str: pa.string(), int: pa.int64(), bool: pa.bool_()}[python_type]
+
+
+def _schema(leave_out: set[str]) -> pa.Schema:
+    hints = get_type_hints(PairRecord)
+    return pa.schema([(f.name, _arrow_type(hints[f.name])) for f in fields(PairRecord) if f.name not in leave_out])
+
+
+PAIRS_SCHEMA = _schema({"verified", "failed_check", "changes"})  # pairs.parquet; overlays apart
+SHIPPED_SCHEMA = _schema({"verified", "failed_check"})  # shipped pairs, overlay kept alongside
+CANDIDATES_SCHEMA = _schema({"split"})  # every candidate of a run, verified or not
 OVERLAYS_SCHEMA = pa.schema([
     ("pair_id", pa.string()), ("table_name", pa.string()), ("op", pa.string()), ("rid", pa.int64()),
     ("column_name", pa.string()), ("new_value", pa.string()),
 ])
 
 
+def _table(records: list[dict], schema: pa.Schema) -> pa.Table:
+    return pa.Table.from_pylist([{k: r.get(k) for k in schema.names} for r in records], schema=schema)
+
+
 def pairs_table(pairs: list[dict]) -> pa.Table:
-    return pa.Table.from_pylist([{k: p.get(k) for k, _ in PAIR_COLUMNS} for p in pairs], schema=PAIRS_SCHEMA)
+    return _table(pairs, PAIRS_SCHEMA)
 
 
 def shipped_table(pairs: list[dict]) -> pa.Table:
     """Shipped pairs with their overlay (``changes``) kept alongside, before export splits them."""
-    return pairs_table(pairs).append_column("changes", pa.array([p["changes"] for p in pairs], pa.string()))
+    return _table(pairs, SHIPPED_SCHEMA)
 
 
 def candidates_table(records: list[dict]) -> pa.Table:
     """All candidates of a run, verified or not, with their overlay (``changes``) as JSON."""
-    return pa.Table.from_pylist([{f.name: r.get(f.name) for f in CANDIDATES_SCHEMA} for r in records],
-                                schema=CANDIDATES_SCHEMA)
+    return _table(records, CANDIDATES_SCHEMA)
 
 
 def overlays_table(pairs: list[dict]) -> pa.Table:
@@ -157,8 +197,7 @@ def dataset_card(manifest: dict) -> str:
         "| intent | pairs |", "|---|---|",
         *[f"| {k} | {v:,} |" for k, v in sorted(counts["by_intent"].items())],
         "",
-        "| operator | pairs |", "|---|---|",
-        *[f"| {k} | {v:,} |" for k, v in sorted(counts["by_operator"].items())],
+        *operator_table(counts["by_operator"]),
         "",
         "Source data: " + ("MIMIC-IV Clinical Database Demo v2.2 (ODbL 1.0; Johnson et al., PhysioNet 2023)."
                            if manifest["source"]["kind"] == "demo" else
@@ -170,5 +209,21 @@ def dataset_card(manifest: dict) -> str:
     return "\n".join(lines)
 
 
+def operator_catalog() -> dict[str, dict[str, str]]:
+    """Every registered operator: noise level, discrepancy category, Kahn dimension, what it does."""
+    return {name: {"level": op.level, "discrepancy": op.discrepancy, "kahn": op.kahn, "doc": op.doc}
+            for name, op in sorted(OPERATORS.items())}
+
+
+def operator_table(pairs_by_operator: dict[str, int]) -> list[str]:
+    """Markdown lines: every registered operator, by noise level, with its pairs in this build."""
+    ordered = sorted(OPERATORS.values(), key=lambda op: (NOISE_LEVELS.index(op.level), op.name))
+    return ["| operator | noise level | discrepancy | Kahn dimension | what it does | pairs |",
+            "|---|---|---|---|---|---|",
+            *[f"| `{op.name}` | {op.level} | {op.discrepancy} | {op.kahn} | {op.doc.replace('|', '/')} | "
+              f"{pairs_by_operator.get(op.name, 0):,} |" for op in ordered]]
+
+
 def manifest_json(manifest: dict) -> str:
-    return json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n"
+    """The manifest file: the build's record plus the catalogue of the operators it ran with."""
+    return json.dumps({**manifest, "operators": operator_catalog()}, indent=2, sort_keys=True, default=str) + "\n"

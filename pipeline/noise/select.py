@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 from pipeline.files import stable_int
+from pipeline.noise.registry import NOISE_LEVELS
 from pipeline.questions.templates import INTENTS
 
 MIN_SHARES = {"intent": 0.10, "noise_level": 0.25, "level": {"population": 0.25}}
@@ -15,7 +16,7 @@ def _minimums(dimension: str) -> dict[str, float]:
     rule = MIN_SHARES[dimension]
     if isinstance(rule, dict):
         return rule
-    values = INTENTS if dimension == "intent" else ("record", "value", "query")
+    values = INTENTS if dimension == "intent" else NOISE_LEVELS
     return {v: rule for v in values}
 
 

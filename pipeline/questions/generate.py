@@ -27,8 +27,9 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.files import stable_int, write_parquet
+from pipeline.plausibility import load_bounds
 from pipeline.questions.answers import AnswerError, normalise
-from pipeline.questions.evidence import check_evidence, load_bounds
+from pipeline.questions.evidence import check_evidence
 from pipeline.questions.samplers import SAMPLERS
 from pipeline.questions.templates import Template, load_templates, render
 from pipeline.staging import attach_staged
