@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from pipeline.expectations import validate_parquet
 from pipeline.files import AtomicFolder, sha256_file
-from pipeline.noise.export import (code_version, dataset_card, manifest_json, overlays_table,
-                                   pairs_table, split_tables, templates_fingerprint)
+from pipeline.noise.export import (code_version, dataset_card, manifest_json, operator_catalog, overlays_table,
+                                   pairs_table, split_tables, templates_fingerprint, validate_pairs)
 from pipeline.noise.pairs import NoiseReport, candidate_records
 from pipeline.noise.select import select_pairs, template_splits
 from pipeline.questions.generate import DEFAULT_PER_TEMPLATE, QuestionReport, generate_questions
@@ -119,7 +118,7 @@ def export_benchmark(out: Path, pairs: list[dict], questions: pa.Table, question
             layout.CLEAN_QUESTIONS: folder.write_parquet(layout.CLEAN_QUESTIONS, questions),
         }
         files.update({name: folder.write_parquet(name, table) for name, table in split_tables(pairs).items()})
-        suite = validate_parquet(files[layout.PAIRS], "benchmark/pairs")
+        suite = validate_pairs(files[layout.PAIRS])
         if suite.errors:
             raise BuildError("pairs.parquet fails its expectation suite: "
                              + "; ".join(f"{o.describe()} ({o.unexpected_count} unexpected)" for o in suite.errors))
@@ -128,6 +127,7 @@ def export_benchmark(out: Path, pairs: list[dict], questions: pa.Table, question
             "seed": seed,
             "source": source,
             "code_version": code_version(),
+            "operators": operator_catalog(),
             "inputs": {
                 "staged_tables": {t: sha256_file(p) for t, p in staged.items() if p.exists()},
                 "absent_tables": sorted(t for t, p in staged.items() if not p.exists()),

@@ -46,6 +46,14 @@ def staged_path(staged_dir: str | os.PathLike, table_name: str) -> Path:
     return Path(staged_dir) / f"{table_name}.parquet"
 
 
+def staged_tables(staged_dir: str | os.PathLike) -> list[str]:
+    """The registry's tables staged in ``staged_dir``; a folder with none of them is an error."""
+    present = [name for name in TABLES if staged_path(staged_dir, name).is_file()]
+    if not present:
+        raise FileNotFoundError(f"no staged tables (<table>.parquet) in {staged_dir}")
+    return present
+
+
 def attach_staged(con: duckdb.DuckDBPyConnection, staged_dir: str | os.PathLike, *, kind: str = "VIEW",
                   schema: str = "main", tables: Iterable[str] | None = None) -> list[str]:
     """Make each staged table in ``staged_dir`` queryable on ``con`` as ``schema.<name>``.

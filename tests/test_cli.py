@@ -77,3 +77,10 @@ def test_a_bug_keeps_its_traceback(tmp_path, monkeypatch):
 def test_check_of_a_folder_without_staged_tables_fails(tmp_path):
     result = CliRunner().invoke(main, ["check", "--staged", str(tmp_path)])
     assert result.exit_code == 1 and f"no staged tables (<table>.parquet) in {tmp_path}" in result.output
+
+
+def test_questions_on_a_folder_without_staged_tables_fails_in_one_line(tmp_path):
+    result = CliRunner().invoke(main, ["questions", "--staged", str(tmp_path), "--seed", "0",
+                                       "--out", str(tmp_path / "q.parquet"), "--workers", "2"])
+    assert result.exit_code == 1 and f"no staged tables (<table>.parquet) in {tmp_path}" in result.output
+    assert "Traceback" not in result.output

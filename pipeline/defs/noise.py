@@ -9,10 +9,9 @@ import pyarrow.parquet as pq
 from pipeline.build import export_benchmark, ship, source_description
 from pipeline.defs.questions import clean_questions
 from pipeline.defs.resources import BenchmarkRun
-from pipeline.expectations import validate_parquet
 from pipeline.files import write_parquet
 from pipeline.noise.audit import operator_table, samples_markdown
-from pipeline.noise.export import candidates_table, shipped_table
+from pipeline.noise.export import candidates_table, shipped_table, validate_pairs
 from pipeline.noise.pairs import NoiseReport, candidate_records
 from pipeline.noise.registry import NOISE_LEVELS
 from pipeline.noise.verify import CHECKS
@@ -98,7 +97,7 @@ def benchmark(benchmark_run: BenchmarkRun) -> dg.MaterializeResult:
 @dg.asset_check(asset=benchmark, description="Great Expectations suite expectations/benchmark/pairs.json "
                 "(column contract, enums, unique ids, balance thresholds).")
 def pairs_expectations(benchmark_run: BenchmarkRun) -> dg.AssetCheckResult:
-    result = validate_parquet(benchmark_run.layout.pairs, "benchmark/pairs")
+    result = validate_pairs(benchmark_run.layout.pairs)
     return dg.AssetCheckResult(passed=result.success and not result.warnings, metadata={
         "rows": result.rows, "failed": ", ".join(o.describe() for o in result.errors + result.warnings) or "none"})
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 from dataclasses import dataclass, fields
 from importlib.metadata import PackageNotFoundError, version
@@ -16,6 +17,7 @@ from typing import get_args, get_type_hints
 
 import pyarrow as pa
 
+from pipeline.expectations import SuiteOutcome, validate_parquet
 from pipeline.layout import SPLITS, RunLayout
 from pipeline.noise.operators import OPERATORS
 from pipeline.noise.registry import NOISE_LEVELS
@@ -108,6 +110,12 @@ def split_tables(pairs: list[dict]) -> dict[str, pa.Table]:
         tables[RunLayout.split_file("pairs", split)] = pairs_table(mine)
         tables[RunLayout.split_file("overlays", split)] = overlays_table(mine)
     return tables
+
+
+def validate_pairs(path: str | os.PathLike) -> SuiteOutcome:
+    """The benchmark suite on a pairs file, its operator and discrepancy sets taken from the registry."""
+    return validate_parquet(path, "benchmark/pairs", values={
+        "operators": sorted(OPERATORS), "discrepancies": sorted({op.discrepancy for op in OPERATORS.values()})})
 
 
 def code_version() -> dict:
@@ -225,5 +233,4 @@ def operator_table(pairs_by_operator: dict[str, int]) -> list[str]:
 
 
 def manifest_json(manifest: dict) -> str:
-    """The manifest file: the build's record plus the catalogue of the operators it ran with."""
-    return json.dumps({**manifest, "operators": operator_catalog()}, indent=2, sort_keys=True, default=str) + "\n"
+    return json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n"

@@ -20,7 +20,6 @@ from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from itertools import repeat
-from pathlib import Path
 
 import duckdb
 import numpy as np
@@ -32,7 +31,7 @@ from pipeline.questions.answers import AnswerError, normalise
 from pipeline.questions.evidence import check_evidence
 from pipeline.questions.samplers import SAMPLERS
 from pipeline.questions.templates import Template, load_templates, render
-from pipeline.staging import attach_staged
+from pipeline.staging import attach_staged, staged_tables
 
 DEFAULT_PER_TEMPLATE = 40
 OVERSAMPLE = 3
@@ -74,9 +73,7 @@ def open_staged(staged_dir: str | os.PathLike) -> tuple[duckdb.DuckDBPyConnectio
     generation runs thousands of small gold queries, and re-scanning Parquet dominated their time."""
     con = duckdb.connect()
     con.execute("SET enable_progress_bar = false")
-    present = set(attach_staged(con, staged_dir, kind="TABLE"))
-    if not present:
-        raise FileNotFoundError(f"no staged tables (<table>.parquet) in {staged_dir}")
+    present = set(attach_staged(con, staged_dir, kind="TABLE", tables=staged_tables(staged_dir)))
     load_bounds(con)
     return con, present
 
@@ -256,6 +253,7 @@ def _results(staged_dir, seed: int, templates: list[Template], per_template: int
         finally:
             con.close()
         return
+    staged_tables(staged_dir)  # fail here, with the folder named, not as a broken worker pool
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init,
                              initargs=(str(staged_dir),)) as pool:
