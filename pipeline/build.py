@@ -15,15 +15,24 @@ from pathlib import Path
 import pyarrow as pa
 
 from pipeline.files import AtomicFolder, sha256_file
-from pipeline.noise.export import (code_version, dataset_card, manifest_json, operator_catalog, overlays_table,
-                                   pairs_table, split_tables, templates_fingerprint, validate_pairs)
+from pipeline.layout import RunLayout
+from pipeline.noise.export import (
+    code_version,
+    dataset_card,
+    manifest_json,
+    operator_catalog,
+    overlays_table,
+    pairs_table,
+    split_tables,
+    templates_fingerprint,
+    validate_pairs,
+)
 from pipeline.noise.pairs import NoiseReport, candidate_records
 from pipeline.noise.select import select_pairs, template_splits
 from pipeline.questions.generate import DEFAULT_PER_TEMPLATE, QuestionReport, generate_questions
-from pipeline.layout import RunLayout
 from pipeline.questions.templates import TEMPLATES_DIR, load_templates
-from pipeline.sources import make_source
 from pipeline.schema import TABLES
+from pipeline.sources import make_source
 from pipeline.staging import StageReport, stage, staged_path
 
 PAIRS_PER_TEMPLATE = 80

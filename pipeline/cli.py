@@ -43,7 +43,7 @@ class Cli(click.Group):
             return super().invoke(ctx)
         except click.ClickException as exc:
             if ctx.params.get("debug") and isinstance(exc.__cause__, Exception):
-                raise exc.__cause__
+                raise exc.__cause__ from None
             raise
         except Exception as exc:
             if ctx.params.get("debug") or not isinstance(exc, expected_errors()):

@@ -11,12 +11,12 @@ import pytest
 import yaml
 
 from pipeline.build import build
+from pipeline.files import sha256_file as sha256
 from pipeline.noise.model import answer_of
 from pipeline.noise.operators import OPERATORS
 from pipeline.noise.overlay import Database, changes_from_records
 from pipeline.noise.select import violations
 from pipeline.noise.verify import CHECKS
-from pipeline.files import sha256_file as sha256
 
 QUESTIONS_PER_TEMPLATE = 3
 pytestmark = pytest.mark.slow

@@ -11,7 +11,8 @@ import yaml
 
 from pipeline.noise.export import PAIRS_SCHEMA, dataset_card, split_tables
 
-COUNTS = {"pairs": 3, "by_split": {"train": 2, "test": 1}, "by_noise_level": {"record": 3}, "by_intent": {"laboratory": 3}, "by_operator": {"drop_evidence": 3}}
+COUNTS = {"pairs": 3, "by_split": {"train": 2, "test": 1}, "by_noise_level": {"record": 3},
+          "by_intent": {"laboratory": 3}, "by_operator": {"drop_evidence": 3}}
 
 
 def card_header(kind: str) -> dict:

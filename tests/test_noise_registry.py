@@ -3,7 +3,6 @@ place that describes operators or pair columns (templates, GX suite, manifest, c
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from dataclasses import fields

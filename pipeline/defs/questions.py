@@ -7,8 +7,8 @@ import dagster as dg
 import pyarrow.parquet as pq
 
 from pipeline.defs.resources import BenchmarkRun
-from pipeline.questions import generate
 from pipeline.files import write_parquet
+from pipeline.questions import generate
 from pipeline.questions.generate import generate_questions
 from pipeline.questions.templates import INTENTS, QUESTION_LEVELS
 from pipeline.schema import TABLES

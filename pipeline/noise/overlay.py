@@ -23,6 +23,7 @@ import pyarrow as pa
 from pipeline.schema import ROW_ID, TABLES
 from pipeline.staging import attach_staged
 
+
 @dataclass(frozen=True)
 class Change:
     """One overlay row: delete a row, insert a row (``new_value`` is the whole row), or update a cell."""
@@ -152,7 +153,7 @@ class Database:
                              pa.Table.from_pylist([_coerce(r, schema) for r in patched[table]], schema=schema))
 
     @contextmanager
-    def noisy(self, overlay: Overlay) -> Iterator["Database"]:
+    def noisy(self, overlay: Overlay) -> Iterator[Database]:
         """Within the block, unqualified table names show the base with ``overlay`` applied."""
         oid = self.new_id()
         self.load({oid: overlay})

@@ -28,6 +28,8 @@ NOISE_LEVELS = ("record", "value", "query")  # what the noise touches; a questio
 class OperatorFunction(Protocol):
     """The one signature of every operator; ``None`` means it does not apply to the question."""
 
+    __name__: str
+
     def __call__(self, db: Database, question: CleanQuestion, params: OperatorParams,
                  rng: np.random.Generator, /) -> Proposal | None: ...
 

@@ -122,7 +122,8 @@ def implausible_value(db, q, params, rng):
     if bounds is None:
         return None
     low, high = bounds
-    new = round(-abs(row[column]) - 1, 2) if low is not None and low >= 0 and rng.random() < 0.5 else round(high * float(rng.uniform(2, 4)), 1)
+    negative = low is not None and low >= 0 and rng.random() < 0.5
+    new = round(-abs(row[column]) - 1, 2) if negative else round(high * float(rng.uniform(2, 4)), 1)
     overlay = Overlay(_value_changes(q, row, column, new))
     return record_proposal(q, overlay, "flag", without(db, q, [row[ROW_ID]]), "implausible_value",
                            [(f"{q.evidence_table} _rid={row[ROW_ID]} ({label}): {column} {row[column]} -> {new} "

@@ -292,7 +292,10 @@ def _emar_detail(drug: np.ndarray, subject, emar_id: pa.Array, emar_seq, pharmac
     row = np.repeat(np.arange(ne), 2)
     product = np.tile([False, True], ne)
     d = drug[row]
-    col = lambda field, where: labels(_drug_column(field), d, where)
+
+    def col(field: str, where: np.ndarray) -> pa.Array:
+        return labels(_drug_column(field), d, where)
+
     names = _drug_column("drug")
     admin_types = ["Standard Maintenance Medication", *dict.fromkeys(ADMINISTRATION_TYPES.values())]
     admin = np.array([admin_types.index(ADMINISTRATION_TYPES.get(n, admin_types[0])) for n in names])[d]
