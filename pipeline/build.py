@@ -20,6 +20,7 @@ from pipeline.noise.export import (code_version, dataset_card, manifest_json, ov
                                    pairs_table, split_tables, templates_fingerprint)
 from pipeline.noise.pairs import NoiseReport, candidate_records
 from pipeline.noise.select import select_pairs, template_splits
+from pipeline.noise.vetoes import Vetoes
 from pipeline.questions.generate import DEFAULT_PER_TEMPLATE, QuestionReport, generate_questions
 from pipeline.layout import RunLayout
 from pipeline.questions.templates import TEMPLATES_DIR, load_templates
@@ -66,7 +67,7 @@ def _counts(pairs: list[dict], key) -> dict:
 
 def build(source: str, out: str | os.PathLike, seed: int, path: str | os.PathLike | None = None,
           patients: int = 1000, per_template: int = PAIRS_PER_TEMPLATE, workers: int | None = None,
-          questions_per_template: int = DEFAULT_PER_TEMPLATE) -> BuildReport:
+          questions_per_template: int = DEFAULT_PER_TEMPLATE, vetoes: Vetoes = Vetoes()) -> BuildReport:
     """Run the whole chain into ``out``; the same inputs and seed give byte-identical files."""
     out = Path(out)
     layout = RunLayout(out)
@@ -87,9 +88,9 @@ def build(source: str, out: str | os.PathLike, seed: int, path: str | os.PathLik
     lap("questions")
     records, report.noise = candidate_records(layout.staged, questions, seed, workers=workers)
     lap("noise")
-    report.pairs = ship(records, templates, seed, per_template)
+    report.pairs = ship(records, templates, seed, per_template, vetoes)
     report.manifest = export_benchmark(out, report.pairs, questions, report.questions.rejected, report.noise,
-                                       source_description(source, path, patients), seed)
+                                       source_description(source, path, patients), seed, vetoes.report(records))
     lap("export")
     return report
 
@@ -99,17 +100,19 @@ def source_description(source: str, path, patients: int) -> dict:
             "patients": patients if source == "synthetic" else None}
 
 
-def ship(records: list[dict], templates, seed: int, per_template: int = PAIRS_PER_TEMPLATE) -> list[dict]:
-    """The verified records, balanced and capped, each with its template's split."""
-    selected = select_pairs([r for r in records if r["verified"]], seed, per_template)
+def ship(records: list[dict], templates, seed: int, per_template: int = PAIRS_PER_TEMPLATE,
+         vetoes: Vetoes = Vetoes()) -> list[dict]:
+    """The verified records less the vetoed ones, balanced and capped, each with its template's split."""
+    selected = select_pairs([r for r in records if r["verified"]], seed, per_template, vetoes=vetoes)
     splits = template_splits([p["template_id"] for p in selected], {t.id: (t.intent, t.level) for t in templates}, seed)
     return [{**p, "split": splits[p["template_id"]]} for p in selected]
 
 
 def export_benchmark(out: Path, pairs: list[dict], questions: pa.Table, question_rejections: dict,
-                     noise: NoiseReport, source: dict, seed: int) -> dict:
+                     noise: NoiseReport, source: dict, seed: int, vetoes: list[dict] = ()) -> dict:
     """Write pairs, overlays, their train/dev/test splits, clean questions, manifest and dataset card
-    into ``out``, atomically; ``out/staged`` must hold the staged tables. Returns the manifest."""
+    into ``out``, atomically; ``out/staged`` must hold the staged tables. Returns the manifest, which
+    lists the reviewer ``vetoes`` applied (:meth:`Vetoes.report`) when there are any."""
     layout = RunLayout(out)
     folder = AtomicFolder(out)
     try:
@@ -156,6 +159,8 @@ def export_benchmark(out: Path, pairs: list[dict], questions: pa.Table, question
                              "failed": [o.describe() for o in suite.errors + suite.warnings]},
             "outputs": {name: sha256_file(tmp) for name, tmp in files.items()},
         }
+        if vetoes:
+            manifest["vetoes"] = list(vetoes)
         folder.write_text(layout.MANIFEST, manifest_json(manifest))
         folder.write_text(layout.CARD, dataset_card(manifest))
         folder.commit()
