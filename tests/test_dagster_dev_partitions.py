@@ -78,6 +78,7 @@ def test_fresh_dagster_dev_backfills_two_seed_partitions_one_run_at_a_time(tmp_p
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"}
     env["DAGSTER_DISABLE_TELEMETRY"] = "1"
+    env["HOME"] = str(tmp_path / "home")  # Dagster's per-user files (~/.dagster) stay in the test's folder
     config = {"resources": {"benchmark_run": {"config": {
         "patients": 100, "questions_per_template": 2, "workers": 1, "data_dir": str(tmp_path / "data")}}}}
     dagster = Path(sys.executable).with_name("dagster")
@@ -106,10 +107,11 @@ def test_fresh_dagster_dev_backfills_two_seed_partitions_one_run_at_a_time(tmp_p
         for folder in folders:
             assert (folder / "pairs.parquet").is_file() and (folder / "audit.html").is_file()
         assert (folders[0] / "pairs.parquet").read_bytes() != (folders[1] / "pairs.parquet").read_bytes()
+        assert _graphql(port, "mutation { setNuxSeen }")["data"]["setNuxSeen"]  # no welcome dialog on top
         shot = tmp_path / "partitions.png"
         subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
                         "--window-size=1400,900", "--virtual-time-budget=20000", f"--screenshot={shot}",
-                        f"http://127.0.0.1:{port}/assets/benchmark?view=partitions"],
+                        f"http://127.0.0.1:{port}/assets/benchmark?view=partitions&partition=1"],
                        check=True, capture_output=True, timeout=180)
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     finally:

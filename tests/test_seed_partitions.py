@@ -65,6 +65,9 @@ def test_each_seed_writes_its_own_folder_from_shared_staged_tables(seeds):
     assert [json.loads((f / "manifest.json").read_text())["seed"] for f in folders.values()] == [0, 1]
     materialized = instance.get_materialized_partitions(dg.AssetKey("benchmark"))
     assert materialized == {"0", "1"}
+    logs = [e.user_message for e in instance.all_logs(results[1][0].run_id)]
+    assert any("candidates verified" in m and "candidates/s" in m for m in logs)  # progress with the rate
+    assert any(m.startswith("wrote ") and "seed=1" in m for m in logs)
 
 
 def test_seeds_0_to_4_are_added_once_by_the_sensor():
