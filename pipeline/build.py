@@ -21,6 +21,7 @@ from pipeline.noise.export import (code_version, dataset_card, manifest_json, ov
 from pipeline.noise.pairs import NoiseReport, candidate_records
 from pipeline.noise.select import select_pairs, template_splits
 from pipeline.noise.vetoes import Vetoes
+from pipeline.progress import Log, verification_progress
 from pipeline.questions.generate import DEFAULT_PER_TEMPLATE, QuestionReport, generate_questions
 from pipeline.layout import RunLayout
 from pipeline.questions.templates import TEMPLATES_DIR, load_templates
@@ -67,8 +68,10 @@ def _counts(pairs: list[dict], key) -> dict:
 
 def build(source: str, out: str | os.PathLike, seed: int, path: str | os.PathLike | None = None,
           patients: int = 1000, per_template: int = PAIRS_PER_TEMPLATE, workers: int | None = None,
-          questions_per_template: int = DEFAULT_PER_TEMPLATE, vetoes: Vetoes = Vetoes()) -> BuildReport:
-    """Run the whole chain into ``out``; the same inputs and seed give byte-identical files."""
+          questions_per_template: int = DEFAULT_PER_TEMPLATE, vetoes: Vetoes = Vetoes(),
+          log: Log | None = None) -> BuildReport:
+    """Run the whole chain into ``out``; the same inputs and seed give byte-identical files.
+    ``log`` receives a line per stage milestone and verification progress."""
     out = Path(out)
     layout = RunLayout(out)
     report = BuildReport(out)
@@ -79,6 +82,8 @@ def build(source: str, out: str | os.PathLike, seed: int, path: str | os.PathLik
         now = time.perf_counter()
         report.timings[name] = now - clock
         clock = now
+        if log:
+            log(f"{name}: done in {report.timings[name]:.1f} s")
 
     report.stage = stage(make_source(source, path, patients=patients, seed=seed), layout.staged)
     lap("stage")
@@ -86,7 +91,8 @@ def build(source: str, out: str | os.PathLike, seed: int, path: str | os.PathLik
     questions, report.questions = generate_questions(layout.staged, seed, templates, questions_per_template,
                                                      workers=workers)
     lap("questions")
-    records, report.noise = candidate_records(layout.staged, questions, seed, workers=workers)
+    records, report.noise = candidate_records(layout.staged, questions, seed, workers=workers,
+                                              progress=verification_progress(log) if log else None)
     lap("noise")
     report.pairs = ship(records, templates, seed, per_template, vetoes)
     report.manifest = export_benchmark(out, report.pairs, questions, report.questions.rejected, report.noise,

@@ -109,7 +109,7 @@ def build_command(source, path, patients, seed, out, per_template, questions_per
         report = build(source, out, seed, path=path, patients=patients,
                        per_template=per_template or PAIRS_PER_TEMPLATE, workers=workers,
                        questions_per_template=questions_per_template or DEFAULT_PER_TEMPLATE,
-                       vetoes=load_vetoes(vetoes or VETOES_FILE))
+                       vetoes=load_vetoes(vetoes or VETOES_FILE), log=click.echo)
     except (StagingError, BuildError, VetoError) as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(report.summary())

@@ -108,12 +108,13 @@ def test_fresh_dagster_dev_backfills_two_seed_partitions_one_run_at_a_time(tmp_p
             assert (folder / "pairs.parquet").is_file() and (folder / "audit.html").is_file()
         assert (folders[0] / "pairs.parquet").read_bytes() != (folders[1] / "pairs.parquet").read_bytes()
         assert _graphql(port, "mutation { setNuxSeen }")["data"]["setNuxSeen"]  # no welcome dialog on top
-        shot = tmp_path / "partitions.png"
-        subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                        "--window-size=1400,900", "--virtual-time-budget=20000", f"--screenshot={shot}",
-                        f"http://127.0.0.1:{port}/assets/benchmark?view=partitions&partition=1"],
-                       check=True, capture_output=True, timeout=180)
-        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        for asset, height in (("benchmark", 900), ("perturbation_audit", 2400)):  # the partitions view
+            shot = tmp_path / f"{asset}.png"
+            subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                            f"--window-size=1400,{height}", "--virtual-time-budget=20000", f"--screenshot={shot}",
+                            f"http://127.0.0.1:{port}/assets/{asset}?view=partitions&partition=1"],
+                           check=True, capture_output=True, timeout=180)
+            assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         try:

@@ -1,7 +1,6 @@
 """Noise stage: candidates per noise level, verified pairs (blocking check), benchmark export."""
 
 import json
-import time
 from collections import Counter
 
 import dagster as dg
@@ -20,6 +19,7 @@ from pipeline.noise.model import LEVELS
 from pipeline.noise.pairs import NoiseReport, candidate_records
 from pipeline.noise.verify import CHECKS
 from pipeline.noise.vetoes import load_vetoes
+from pipeline.progress import verification_progress
 from pipeline.questions.templates import load_templates
 from pipeline.schema import TABLES
 from pipeline.staging import staged_path
@@ -27,19 +27,6 @@ from pipeline.staging import staged_path
 
 def read_candidates(layout: RunLayout) -> list[dict]:
     return [r for level in LEVELS for r in pq.read_table(layout.candidates(level)).to_pylist()]
-
-
-def _verification_progress(context: dg.AssetExecutionContext):
-    """A ``candidate_records`` progress callback logging candidates verified so far and the rate."""
-    started, seen = time.perf_counter(), Counter()
-
-    def progress(done: int, shards: int, records: list[dict]) -> None:
-        seen["candidates"] += len(records)
-        seen["verified"] += sum(r["verified"] for r in records)
-        rate = seen["candidates"] / max(time.perf_counter() - started, 1e-9)
-        context.log.info(f"shard {done}/{shards}: {seen['candidates']:,} candidates verified "
-                         f"({seen['verified']:,} passed all checks), {rate:.1f} candidates/s")
-    return progress
 
 
 @dg.multi_asset(
@@ -58,7 +45,7 @@ def noise_candidates(context: dg.AssetExecutionContext, benchmark_run: Benchmark
     context.log.info(f"seed {seed_of(context)}: proposing and verifying candidates for "
                      f"{questions.num_rows:,} clean questions")
     records, report = candidate_records(layout.staged, questions, seed_of(context),
-                                        workers=benchmark_run.workers, progress=_verification_progress(context))
+                                        workers=benchmark_run.workers, progress=verification_progress(context.log.info))
     layout.not_applicable.parent.mkdir(parents=True, exist_ok=True)
     layout.not_applicable.write_text(json.dumps(dict(sorted(report.not_applicable.items()))))
     for level in LEVELS:
