@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import dagster as dg
@@ -99,6 +100,12 @@ def test_audit_metadata_renders_as_table_samples_and_page_link(seeds):
     assert Path(metadata["audit_page"].path) == layout.audit_page.resolve()
     assert isinstance(metadata["audit_page_url"], dg.UrlMetadataValue)
     assert isinstance(metadata["vetoes"], dg.MarkdownMetadataValue)
+    inline = metadata["samples"]  # every sample in one table the UI shows without expanding anything
+    assert isinstance(inline, dg.TableMetadataValue)
+    assert [c.name for c in inline.schema.columns][:2] == ["operator", "pair_id"]
+    per_operator = Counter(r.data["operator"] for r in inline.records)
+    assert all(per_operator[op] == min(5, rows[op]["shipped"]) for op in rows)
+    assert any("→" in r.data["changed_rows"] for r in inline.records)
     samples = {k.removeprefix("samples: "): v for k, v in metadata.items() if k.startswith("samples: ")}
     assert samples and all(isinstance(v, dg.MarkdownMetadataValue) for v in samples.values())
     for op, md in samples.items():

@@ -10,13 +10,14 @@ from pipeline.defs.noise import read_candidates, benchmark
 from pipeline.defs.partitions import SEEDS, seed_layout, seed_of
 from pipeline.defs.resources import BenchmarkRun
 from pipeline.noise.audit import samples_markdown
-from pipeline.noise.audit_page import (MAX_REJECTED, MAX_SHARE, MIN_SHARE, OPERATOR_COLUMNS, changed_rows,
-                                       operator_audit, operator_warnings, page_records, sample_pairs,
-                                       write_audit_page)
+from pipeline.noise.audit_page import (MAX_REJECTED, MAX_SHARE, MIN_SHARE, OPERATOR_COLUMNS, SAMPLE_COLUMNS,
+                                       changed_rows, operator_audit, operator_warnings, page_records, sample_pairs,
+                                       sample_rows, write_audit_page)
 from pipeline.noise.operators import OPERATORS
 from pipeline.noise.vetoes import Veto, Vetoes
 
 OPERATOR_TABLE_SCHEMA = dg.TableSchema(columns=[dg.TableColumn(name, kind) for name, kind in OPERATOR_COLUMNS])
+SAMPLE_TABLE_SCHEMA = dg.TableSchema(columns=[dg.TableColumn(name, "string") for name in SAMPLE_COLUMNS])
 
 
 def _vetoes_markdown(vetoes: list[dict]) -> str:
@@ -50,15 +51,18 @@ def perturbation_audit(context: dg.AssetExecutionContext, benchmark_run: Benchma
     page = write_audit_page(layout.audit_page, f"Perturbation audit — {benchmark_run.source}, seed {seed}",
                             page_records(pairs, rows, layout.root), operators, vetoes)
     context.log.info(f"wrote {page}")
+    sampled = sample_pairs(pairs, seed)
     samples = {f"samples: {op}": dg.MetadataValue.md(samples_markdown(
         [{**p, "verified": True} for p in chosen], layout.published_staged, per_operator=len(chosen)))
-        for op, chosen in sample_pairs(pairs, seed).items()}
+        for op, chosen in sampled.items()}
     yield dg.MaterializeResult(metadata={
         "dagster/row_count": len(pairs),
         "operators": dg.MetadataValue.table([dg.TableRecord(r) for r in operators], schema=OPERATOR_TABLE_SCHEMA),
         "vetoes": dg.MetadataValue.md(_vetoes_markdown(vetoes)),
         "audit_page": dg.MetadataValue.path(str(page.resolve())),
         "audit_page_url": dg.MetadataValue.url(page.resolve().as_uri()),
+        "samples": dg.MetadataValue.table([dg.TableRecord(r) for r in sample_rows(sampled, rows)],
+                                          schema=SAMPLE_TABLE_SCHEMA),
         **samples,
     })
     for row in operators:

@@ -78,6 +78,30 @@ def sample_pairs(pairs: list[dict], seed: int, per_operator: int = SAMPLES_PER_O
     return dict(sorted(by_op.items()))
 
 
+SAMPLE_COLUMNS = ["operator", "pair_id", "intent", "level", "clean_question", "clean_answer", "noisy_question",
+                  "naive_answer", "expected", "change_log", "changed_rows"]
+
+
+def sample_rows(samples: dict[str, list[dict]], rows: dict[str, list[dict]]) -> list[dict]:
+    """The sampled pairs as flat text rows (one table readable inline in the UI), changed rows as
+    ``table _rid column: before → after``."""
+    out = []
+    for op, pairs in samples.items():
+        for p in pairs:
+            expected = p["expected_behavior"] + (f" {p['expected_answer']}" if p["expected_answer"] is not None else "")
+            out.append({
+                "operator": op, "pair_id": p["pair_id"], "intent": p["intent"], "level": p["level"],
+                "clean_question": p["clean_question"], "clean_answer": p["clean_answer"],
+                "noisy_question": p["noisy_question"],
+                "naive_answer": _text(json.loads(p["verification"]).get("naive_answer")),
+                "expected": f"{expected} ({p['discrepancy']})", "change_log": "; ".join(json.loads(p["change_log"])),
+                "changed_rows": "; ".join(f"{r['table']} _rid {r['rid']} {r['change']} {r['column']}: "
+                                          f"{r['before']} → {r['after']}".replace(" :", ":")
+                                          for r in rows.get(p["pair_id"], [])) or "none (question rewritten)",
+            })
+    return out
+
+
 def _text(value) -> str:
     return "∅" if value is None else str(value)
 
