@@ -29,6 +29,8 @@ from pipeline.noise.export import (
 )
 from pipeline.noise.pairs import NoiseReport, candidate_records
 from pipeline.noise.select import select_pairs, template_splits
+from pipeline.noise.vetoes import NO_VETOES, Vetoes
+from pipeline.progress import Log, verification_progress
 from pipeline.questions.generate import DEFAULT_PER_TEMPLATE, QuestionReport, generate_questions
 from pipeline.questions.templates import TEMPLATES_DIR, load_templates
 from pipeline.schema import TABLES
@@ -74,8 +76,10 @@ def _counts(pairs: list[dict], key) -> dict:
 
 def build(source: str, out: str | os.PathLike, seed: int, path: str | os.PathLike | None = None,
           patients: int = 1000, per_template: int = PAIRS_PER_TEMPLATE, workers: int | None = None,
-          questions_per_template: int = DEFAULT_PER_TEMPLATE) -> BuildReport:
-    """Run the whole chain into ``out``; the same inputs and seed give byte-identical files."""
+          questions_per_template: int = DEFAULT_PER_TEMPLATE, vetoes: Vetoes = NO_VETOES,
+          log: Log | None = None) -> BuildReport:
+    """Run the whole chain into ``out``; the same inputs and seed give byte-identical files.
+    ``log`` receives a line per stage milestone and verification progress."""
     out = Path(out)
     layout = RunLayout(out)
     report = BuildReport(out)
@@ -86,6 +90,8 @@ def build(source: str, out: str | os.PathLike, seed: int, path: str | os.PathLik
         now = time.perf_counter()
         report.timings[name] = now - clock
         clock = now
+        if log:
+            log(f"{name}: done in {report.timings[name]:.1f} s")
 
     report.stage = stage(make_source(source, path, patients=patients, seed=seed), layout.staged)
     lap("stage")
@@ -93,11 +99,12 @@ def build(source: str, out: str | os.PathLike, seed: int, path: str | os.PathLik
     questions, report.questions = generate_questions(layout.staged, seed, templates, questions_per_template,
                                                      workers=workers)
     lap("questions")
-    records, report.noise = candidate_records(layout.staged, questions, seed, workers=workers)
+    records, report.noise = candidate_records(layout.staged, questions, seed, workers=workers,
+                                              progress=verification_progress(log) if log else None)
     lap("noise")
-    report.pairs = ship(records, templates, seed, per_template)
+    report.pairs = ship(records, templates, seed, per_template, vetoes)
     report.manifest = export_benchmark(out, report.pairs, questions, report.questions.rejected, report.noise,
-                                       source_description(source, path, patients), seed)
+                                       source_description(source, path, patients), seed, vetoes.report(records))
     lap("export")
     return report
 
@@ -107,17 +114,19 @@ def source_description(source: str, path, patients: int) -> dict:
             "patients": patients if source == "synthetic" else None}
 
 
-def ship(records: list[dict], templates, seed: int, per_template: int = PAIRS_PER_TEMPLATE) -> list[dict]:
-    """The verified records, balanced and capped, each with its template's split."""
-    selected = select_pairs([r for r in records if r["verified"]], seed, per_template)
+def ship(records: list[dict], templates, seed: int, per_template: int = PAIRS_PER_TEMPLATE,
+         vetoes: Vetoes = NO_VETOES) -> list[dict]:
+    """The verified records less the vetoed ones, balanced and capped, each with its template's split."""
+    selected = select_pairs([r for r in records if r["verified"]], seed, per_template, vetoes=vetoes)
     splits = template_splits([p["template_id"] for p in selected], {t.id: (t.intent, t.level) for t in templates}, seed)
     return [{**p, "split": splits[p["template_id"]]} for p in selected]
 
 
 def export_benchmark(out: Path, pairs: list[dict], questions: pa.Table, question_rejections: dict,
-                     noise: NoiseReport, source: dict, seed: int) -> dict:
+                     noise: NoiseReport, source: dict, seed: int, vetoes: list[dict] = ()) -> dict:
     """Write pairs, overlays, their train/dev/test splits, clean questions, manifest and dataset card
-    into ``out``, atomically; ``out/staged`` must hold the staged tables. Returns the manifest."""
+    into ``out``, atomically; ``out/staged`` must hold the staged tables. Returns the manifest, which
+    lists the reviewer ``vetoes`` applied (:meth:`Vetoes.report`) when there are any."""
     layout = RunLayout(out)
     folder = AtomicFolder(out)
     try:
@@ -165,6 +174,8 @@ def export_benchmark(out: Path, pairs: list[dict], questions: pa.Table, question
                              "failed": [o.describe() for o in suite.errors + suite.warnings]},
             "outputs": {name: sha256_file(tmp) for name, tmp in files.items()},
         }
+        if vetoes:
+            manifest["vetoes"] = list(vetoes)
         folder.write_text(layout.MANIFEST, manifest_json(manifest))
         folder.write_text(layout.CARD, dataset_card(manifest))
         folder.commit()

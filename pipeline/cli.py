@@ -136,18 +136,24 @@ main.add_command(questions_command, "questions")
               help="Clean questions drawn per template (default: 40).")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Worker processes for questions, perturbation and verification (default: CPU count).")
-def build_command(source, path, patients, seed, out, per_template, questions_per_template, workers):
+@click.option("--vetoes", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Reviewer vetoes to honour (default: audit/vetoes.yaml when present).")
+def build_command(source, path, patients, seed, out, per_template, questions_per_template, workers, vetoes):
     """Build a verified Clean–Noise benchmark: stage, ask, perturb, verify, select, export."""
     from pipeline.build import PAIRS_PER_TEMPLATE, BuildError, build
     from pipeline.layout import RunLayout
+    from pipeline.noise.vetoes import VETOES_FILE, VetoError, load_vetoes
     from pipeline.questions.generate import DEFAULT_PER_TEMPLATE
 
     out = out or RunLayout.for_run(source, seed).root
+    if vetoes is not None and not vetoes.is_file():
+        raise click.ClickException(f"vetoes file {vetoes} not found")
     try:
         report = build(source, out, seed, path=path, patients=patients,
                        per_template=per_template or PAIRS_PER_TEMPLATE, workers=workers,
-                       questions_per_template=questions_per_template or DEFAULT_PER_TEMPLATE)
-    except (StagingError, BuildError) as exc:
+                       questions_per_template=questions_per_template or DEFAULT_PER_TEMPLATE,
+                       vetoes=load_vetoes(vetoes or VETOES_FILE), log=click.echo)
+    except (StagingError, BuildError, VetoError) as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(report.summary())
 
@@ -165,3 +171,23 @@ def check_command(staged):
         errors += is_error
     if errors:
         raise click.ClickException(f"{errors} check(s) failed with errors")
+
+
+@main.command("export-pair")
+@click.option("--benchmark", type=click.Path(path_type=Path, exists=True, file_okay=False), required=True,
+              help="A benchmark folder (pairs.parquet, overlays.parquet, staged/).")
+@click.option("--pair", "pair_id", required=True, help="The pair_id to export.")
+@click.option("--side", type=click.Choice(["clean", "noise"]), required=True,
+              help="The clean database, or the noisy one with the pair's overlay applied.")
+@click.option("--out", type=click.Path(path_type=Path, dir_okay=False), required=True,
+              help="DuckDB file to write (replaced atomically).")
+def export_pair_command(benchmark, pair_id, side, out):
+    """Write one pair's clean or noisy database as a standalone DuckDB file: the MIMIC-IV tables as
+    the agent sees them (no _rid, no other pair), for the duckdb CLI or any SQL tool."""
+    from pipeline.export_pair import ExportError, export_pair
+
+    try:
+        report = export_pair(benchmark, pair_id, side, out)
+    except ExportError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(report.summary())

@@ -17,6 +17,7 @@ SPLITS = ("train", "dev", "test")
 @dataclass(frozen=True)
 class RunLayout:
     root: Path
+    shared_staged: Path | None = None  # staged tables every seed of a source reads (Dagster partitions)
 
     # Published files, relative to the root (the export writes them by name, atomically together).
     PAIRS = "pairs.parquet"
@@ -29,6 +30,12 @@ class RunLayout:
     def for_run(cls, source: str, seed: int, data_dir: str | os.PathLike = DATA_DIR) -> RunLayout:
         return cls(Path(data_dir) / "benchmark" / source / f"seed={seed}")
 
+    @classmethod
+    def for_partition(cls, source: str, seed: int, data_dir: str | os.PathLike = DATA_DIR) -> RunLayout:
+        """A Dagster seed partition: its own folder, reading the staged tables once staged for the
+        source (``data/benchmark/<source>/staged``); the benchmark asset links them into ``root/staged``."""
+        return cls(cls.for_run(source, seed, data_dir).root, Path(data_dir) / "benchmark" / source / "staged")
+
     @staticmethod
     def split_file(kind: str, split: str) -> str:
         """One split of ``pairs`` or ``overlays``, the files the dataset card's configs name."""
@@ -36,6 +43,12 @@ class RunLayout:
 
     @property
     def staged(self) -> Path:
+        """Where the stages read the staged tables."""
+        return self.shared_staged or self.published_staged
+
+    @property
+    def published_staged(self) -> Path:
+        """The staged tables inside the benchmark folder, which overlays apply to."""
         return self.root / "staged"
 
     @property
@@ -62,9 +75,18 @@ class RunLayout:
         return self.root / "noise" / "not_applicable.json"
 
     @property
+    def vetoes_applied(self) -> Path:
+        """The vetoes selection honoured, with what each removed (Dagster runs)."""
+        return self.root / "noise" / "vetoes.json"
+
+    @property
     def pairs(self) -> Path:
         return self.root / self.PAIRS
 
     @property
     def overlays(self) -> Path:
         return self.root / self.OVERLAYS
+
+    @property
+    def audit_page(self) -> Path:
+        return self.root / "audit.html"

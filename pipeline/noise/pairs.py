@@ -12,7 +12,8 @@ import multiprocessing
 import os
 import time
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 
 import pyarrow as pa
@@ -115,8 +116,11 @@ def _shard(staged_dir: str, rows: list[dict], seed: int, per_question: int) -> t
 
 def candidate_records(staged_dir: str | os.PathLike, questions: pa.Table, seed: int,
                       per_question: int = DEFAULT_OPERATORS_PER_QUESTION,
-                      workers: int | None = None) -> tuple[list[dict], NoiseReport]:
-    """Every candidate pair for the clean ``questions`` with its verification, sorted by pair_id."""
+                      workers: int | None = None,
+                      progress: Callable[[int, int, list[dict]], None] | None = None) -> tuple[list[dict], NoiseReport]:
+    """Every candidate pair for the clean ``questions`` with its verification, sorted by pair_id.
+
+    ``progress(shards_done, shards, records)`` is called as each shard finishes, with its records."""
     started = time.perf_counter()
     rows = questions.to_pylist()
     workers = max(1, min(workers or os.cpu_count() or 1, len(rows) or 1))
@@ -128,10 +132,15 @@ def candidate_records(staged_dir: str | os.PathLike, questions: pa.Table, seed: 
         shards[stable_int(r["template_id"]) % n_shards].append(r)
     if workers == 1:
         results = [_shard(str(staged_dir), shards[0], seed, per_question)]
+        if progress:
+            progress(1, 1, results[0][0])
     else:
         ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
             futures = [pool.submit(_shard, str(staged_dir), s, seed, per_question) for s in shards if s]
+            for done, future in enumerate(as_completed(futures), 1):
+                if progress:
+                    progress(done, len(futures), future.result()[0])
             results = [f.result() for f in futures]
     records = sorted((r for shard, _ in results for r in shard), key=lambda r: r["pair_id"])
     not_applicable: Counter = Counter()
