@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 from pipeline.noise.overlay import Change, Database, Overlay  # noqa: E402
 from pipeline.schema import ROW_ID  # noqa: E402
 from pipeline.sources import make_source  # noqa: E402
-from pipeline.staging import stage, staged_path  # noqa: E402
+from pipeline.staging import attach_staged, stage  # noqa: E402
 
 POTASSIUM = 50971  # d_labitems itemid
 LAST_POTASSIUM = (f"SELECT valuenum FROM labevents WHERE subject_id = {{subject}} AND itemid = {POTASSIUM} "
@@ -78,9 +78,7 @@ def open_full_copy(staged_dir: Path, tables: list[str], overlay: Overlay, sql: s
 
 
 def copy_base(con: duckdb.DuckDBPyConnection, staged_dir: Path, tables: list[str]) -> None:
-    for name in tables:
-        path = staged_path(staged_dir, name).as_posix()
-        con.execute(f"CREATE TABLE {name} AS SELECT * FROM read_parquet('{path}')")
+    attach_staged(con, staged_dir, kind="TABLE", tables=tables)
 
 
 def apply_in_place(con: duckdb.DuckDBPyConnection, overlay: Overlay) -> None:

@@ -14,16 +14,27 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from pipeline.expectations import validate_parquet
 from pipeline.files import AtomicFolder, sha256_file
-from pipeline.noise.export import (code_version, dataset_card, manifest_json, overlays_table,
-                                   pairs_table, templates_fingerprint)
+from pipeline.layout import RunLayout
+from pipeline.noise.export import (
+    code_version,
+    dataset_card,
+    manifest_json,
+    operator_catalog,
+    overlays_table,
+    pairs_table,
+    split_tables,
+    templates_fingerprint,
+    validate_pairs,
+)
 from pipeline.noise.pairs import NoiseReport, candidate_records
 from pipeline.noise.select import select_pairs, template_splits
+from pipeline.noise.vetoes import NO_VETOES, Vetoes
+from pipeline.progress import Log, verification_progress
 from pipeline.questions.generate import DEFAULT_PER_TEMPLATE, QuestionReport, generate_questions
 from pipeline.questions.templates import TEMPLATES_DIR, load_templates
-from pipeline.sources import make_source
 from pipeline.schema import TABLES
+from pipeline.sources import make_source
 from pipeline.staging import StageReport, stage, staged_path
 
 PAIRS_PER_TEMPLATE = 80
@@ -65,9 +76,12 @@ def _counts(pairs: list[dict], key) -> dict:
 
 def build(source: str, out: str | os.PathLike, seed: int, path: str | os.PathLike | None = None,
           patients: int = 1000, per_template: int = PAIRS_PER_TEMPLATE, workers: int | None = None,
-          questions_per_template: int = DEFAULT_PER_TEMPLATE) -> BuildReport:
-    """Run the whole chain into ``out``; the same inputs and seed give byte-identical files."""
+          questions_per_template: int = DEFAULT_PER_TEMPLATE, vetoes: Vetoes = NO_VETOES,
+          log: Log | None = None) -> BuildReport:
+    """Run the whole chain into ``out``; the same inputs and seed give byte-identical files.
+    ``log`` receives a line per stage milestone and verification progress."""
     out = Path(out)
+    layout = RunLayout(out)
     report = BuildReport(out)
     clock = time.perf_counter()
 
@@ -76,17 +90,21 @@ def build(source: str, out: str | os.PathLike, seed: int, path: str | os.PathLik
         now = time.perf_counter()
         report.timings[name] = now - clock
         clock = now
+        if log:
+            log(f"{name}: done in {report.timings[name]:.1f} s")
 
-    report.stage = stage(make_source(source, path, patients=patients, seed=seed), out / "staged")
+    report.stage = stage(make_source(source, path, patients=patients, seed=seed), layout.staged)
     lap("stage")
     templates = load_templates()
-    questions, report.questions = generate_questions(out / "staged", seed, templates, questions_per_template)
+    questions, report.questions = generate_questions(layout.staged, seed, templates, questions_per_template,
+                                                     workers=workers)
     lap("questions")
-    records, report.noise = candidate_records(out / "staged", questions, seed, workers=workers)
+    records, report.noise = candidate_records(layout.staged, questions, seed, workers=workers,
+                                              progress=verification_progress(log) if log else None)
     lap("noise")
-    report.pairs = ship(records, templates, seed, per_template)
+    report.pairs = ship(records, templates, seed, per_template, vetoes)
     report.manifest = export_benchmark(out, report.pairs, questions, report.questions.rejected, report.noise,
-                                       source_description(source, path, patients), seed)
+                                       source_description(source, path, patients), seed, vetoes.report(records))
     lap("export")
     return report
 
@@ -96,33 +114,38 @@ def source_description(source: str, path, patients: int) -> dict:
             "patients": patients if source == "synthetic" else None}
 
 
-def ship(records: list[dict], templates, seed: int, per_template: int = PAIRS_PER_TEMPLATE) -> list[dict]:
-    """The verified records, balanced and capped, each with its template's split."""
-    selected = select_pairs([r for r in records if r["verified"]], seed, per_template)
+def ship(records: list[dict], templates, seed: int, per_template: int = PAIRS_PER_TEMPLATE,
+         vetoes: Vetoes = NO_VETOES) -> list[dict]:
+    """The verified records less the vetoed ones, balanced and capped, each with its template's split."""
+    selected = select_pairs([r for r in records if r["verified"]], seed, per_template, vetoes=vetoes)
     splits = template_splits([p["template_id"] for p in selected], {t.id: (t.intent, t.level) for t in templates}, seed)
     return [{**p, "split": splits[p["template_id"]]} for p in selected]
 
 
 def export_benchmark(out: Path, pairs: list[dict], questions: pa.Table, question_rejections: dict,
-                     noise: NoiseReport, source: dict, seed: int) -> dict:
-    """Write pairs, overlays, clean questions, manifest and dataset card into ``out``, atomically;
-    ``out/staged`` must hold the staged tables. Returns the manifest."""
+                     noise: NoiseReport, source: dict, seed: int, vetoes: list[dict] = ()) -> dict:
+    """Write pairs, overlays, their train/dev/test splits, clean questions, manifest and dataset card
+    into ``out``, atomically; ``out/staged`` must hold the staged tables. Returns the manifest, which
+    lists the reviewer ``vetoes`` applied (:meth:`Vetoes.report`) when there are any."""
+    layout = RunLayout(out)
     folder = AtomicFolder(out)
     try:
         files = {
-            "pairs.parquet": folder.write_parquet("pairs.parquet", pairs_table(pairs)),
-            "overlays.parquet": folder.write_parquet("overlays.parquet", overlays_table(pairs)),
-            "clean_questions.parquet": folder.write_parquet("clean_questions.parquet", questions),
+            layout.PAIRS: folder.write_parquet(layout.PAIRS, pairs_table(pairs)),
+            layout.OVERLAYS: folder.write_parquet(layout.OVERLAYS, overlays_table(pairs)),
+            layout.CLEAN_QUESTIONS: folder.write_parquet(layout.CLEAN_QUESTIONS, questions),
         }
-        suite = validate_parquet(files["pairs.parquet"], "benchmark/pairs")
+        files.update({name: folder.write_parquet(name, table) for name, table in split_tables(pairs).items()})
+        suite = validate_pairs(files[layout.PAIRS])
         if suite.errors:
             raise BuildError("pairs.parquet fails its expectation suite: "
                              + "; ".join(f"{o.describe()} ({o.unexpected_count} unexpected)" for o in suite.errors))
-        staged = {t: staged_path(out / "staged", t) for t in TABLES}
+        staged = {t: staged_path(layout.staged, t) for t in TABLES}
         manifest = {
             "seed": seed,
             "source": source,
             "code_version": code_version(),
+            "operators": operator_catalog(),
             "inputs": {
                 "staged_tables": {t: sha256_file(p) for t, p in staged.items() if p.exists()},
                 "absent_tables": sorted(t for t, p in staged.items() if not p.exists()),
@@ -151,9 +174,13 @@ def export_benchmark(out: Path, pairs: list[dict], questions: pa.Table, question
                              "failed": [o.describe() for o in suite.errors + suite.warnings]},
             "outputs": {name: sha256_file(tmp) for name, tmp in files.items()},
         }
-        folder.write_text("manifest.json", manifest_json(manifest))
-        folder.write_text("README.md", dataset_card(manifest))
+        if vetoes:
+            manifest["vetoes"] = list(vetoes)
+        folder.write_text(layout.MANIFEST, manifest_json(manifest))
+        folder.write_text(layout.CARD, dataset_card(manifest))
         folder.commit()
+        for stale in set((out / "splits").glob("*.parquet")) - {out / name for name in files}:
+            stale.unlink()
         return manifest
     except BaseException:
         folder.abort()

@@ -12,8 +12,51 @@ from pipeline.sources import DEFAULT_SYNTHETIC_PATIENTS, SOURCE_KINDS, make_sour
 from pipeline.staging import StagingError, stage
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-def main() -> None:
+def expected_errors() -> tuple[type[Exception], ...]:
+    """Errors that mean bad input or a failed check, not a bug: the CLI reports them in one line.
+    The project's own errors first; then the file system's and those DuckDB and Arrow raise on
+    unreadable input (imported here, when one occurred, so that ``--help`` stays fast)."""
+    import duckdb
+    import pyarrow
+
+    from pipeline.build import BuildError
+    from pipeline.download import ChecksumError
+    from pipeline.questions.answers import AnswerError
+    from pipeline.questions.templates import TemplateError
+
+    return (TemplateError, AnswerError, StagingError, BuildError, ChecksumError,
+            OSError, duckdb.Error, pyarrow.ArrowException)
+
+
+def one_line(exc: Exception) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+class Cli(click.Group):
+    """Every command: an expected error ends the run with ``Error: <one line>`` and exit code 1;
+    any other exception is a bug and keeps its traceback. ``--debug`` (or EHR_ROBUSTGYM_DEBUG=1)
+    shows the traceback of expected errors too, also of those a command reports itself."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as exc:
+            if ctx.params.get("debug") and isinstance(exc.__cause__, Exception):
+                raise exc.__cause__ from None
+            raise
+        except Exception as exc:
+            if ctx.params.get("debug") or not isinstance(exc, expected_errors()):
+                raise
+            project_error = type(exc).__module__.startswith("pipeline.")
+            raise click.ClickException(one_line(exc) if project_error else
+                                       f"{one_line(exc)} (ehr-robustgym --debug ... shows the traceback)") from exc
+
+
+@click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, envvar="EHR_ROBUSTGYM_DEBUG",
+              help="Show the traceback of an error instead of one line.")
+def main(debug: bool) -> None:
     """EHR-RobustGym: verified Clean–Noise benchmarks over MIMIC-IV, and a gym to run agents on them."""
 
 
@@ -92,18 +135,25 @@ main.add_command(questions_command, "questions")
 @click.option("--questions-per-template", type=click.IntRange(min=1), default=None,
               help="Clean questions drawn per template (default: 40).")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
-              help="Worker processes for perturbation and verification (default: CPU count).")
-def build_command(source, path, patients, seed, out, per_template, questions_per_template, workers):
+              help="Worker processes for questions, perturbation and verification (default: CPU count).")
+@click.option("--vetoes", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Reviewer vetoes to honour (default: audit/vetoes.yaml when present).")
+def build_command(source, path, patients, seed, out, per_template, questions_per_template, workers, vetoes):
     """Build a verified Clean–Noise benchmark: stage, ask, perturb, verify, select, export."""
     from pipeline.build import PAIRS_PER_TEMPLATE, BuildError, build
+    from pipeline.layout import RunLayout
+    from pipeline.noise.vetoes import VETOES_FILE, VetoError, load_vetoes
     from pipeline.questions.generate import DEFAULT_PER_TEMPLATE
 
-    out = out or Path("data") / "benchmark" / source / f"seed={seed}"
+    out = out or RunLayout.for_run(source, seed).root
+    if vetoes is not None and not vetoes.is_file():
+        raise click.ClickException(f"vetoes file {vetoes} not found")
     try:
         report = build(source, out, seed, path=path, patients=patients,
                        per_template=per_template or PAIRS_PER_TEMPLATE, workers=workers,
-                       questions_per_template=questions_per_template or DEFAULT_PER_TEMPLATE)
-    except (StagingError, BuildError) as exc:
+                       questions_per_template=questions_per_template or DEFAULT_PER_TEMPLATE,
+                       vetoes=load_vetoes(vetoes or VETOES_FILE), log=click.echo)
+    except (StagingError, BuildError, VetoError) as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(report.summary())
 
@@ -121,6 +171,26 @@ def check_command(staged):
         errors += is_error
     if errors:
         raise click.ClickException(f"{errors} check(s) failed with errors")
+
+
+@main.command("export-pair")
+@click.option("--benchmark", type=click.Path(path_type=Path, exists=True, file_okay=False), required=True,
+              help="A benchmark folder (pairs.parquet, overlays.parquet, staged/).")
+@click.option("--pair", "pair_id", required=True, help="The pair_id to export.")
+@click.option("--side", type=click.Choice(["clean", "noise"]), required=True,
+              help="The clean database, or the noisy one with the pair's overlay applied.")
+@click.option("--out", type=click.Path(path_type=Path, dir_okay=False), required=True,
+              help="DuckDB file to write (replaced atomically).")
+def export_pair_command(benchmark, pair_id, side, out):
+    """Write one pair's clean or noisy database as a standalone DuckDB file: the MIMIC-IV tables as
+    the agent sees them (no _rid, no other pair), for the duckdb CLI or any SQL tool."""
+    from pipeline.export_pair import ExportError, export_pair
+
+    try:
+        report = export_pair(benchmark, pair_id, side, out)
+    except ExportError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(report.summary())
 
 
 @main.command("play")

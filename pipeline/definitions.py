@@ -6,13 +6,15 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
 import dagster as dg  # noqa: E402
 
-from pipeline.defs import noise, questions, sources  # noqa: E402
+from pipeline.defs import audit, noise, partitions, questions, sources  # noqa: E402
 from pipeline.defs.resources import BenchmarkRun  # noqa: E402
 
 defs = dg.Definitions.merge(
     sources.defs,
     questions.defs,
     noise.defs,
+    audit.defs,
+    partitions.defs,
     dg.Definitions(
         resources={"benchmark_run": BenchmarkRun()},
         # One process per run: the stages share imports (GX, DuckDB) and a 2-core machine

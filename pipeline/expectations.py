@@ -20,7 +20,9 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-EXPECTATIONS_DIR = Path(__file__).resolve().parent.parent / "expectations"
+from pipeline.package_data import expectations_dir  # noqa: E402
+
+EXPECTATIONS_DIR = expectations_dir()  # the repository's expectations/, shipped as pipeline.expectations_data
 BATCH_ROWS = 500_000
 EXAMPLES = 5
 
@@ -86,11 +88,13 @@ def _batch_definition():
     return source.add_dataframe_asset("batch").add_batch_definition_whole_dataframe("whole")
 
 
-def validate_parquet(path: str | os.PathLike, suite_name: str, batch_rows: int = BATCH_ROWS) -> SuiteOutcome:
-    """Validate a Parquet file against the suite ``suite_name``, batch by batch."""
+def validate_parquet(path: str | os.PathLike, suite_name: str, batch_rows: int = BATCH_ROWS,
+                     values: dict[str, list] | None = None) -> SuiteOutcome:
+    """Validate a Parquet file against the suite ``suite_name``, batch by batch. A kwarg written
+    ``"$name"`` in the suite takes ``values[name]``: value sets the code defines stay in the code."""
     import great_expectations as gx
 
-    spec = load_suite_json(suite_name)
+    spec = _fill(load_suite_json(suite_name), values or {})
     # GX does not keep the suite's order in its results: tag each expectation with its index.
     tagged = [{**e, "meta": {**e.get("meta", {}), "index": i}} for i, e in enumerate(spec["expectations"])]
     suite = gx.ExpectationSuite(name=spec["name"], expectations=tagged)
@@ -111,6 +115,18 @@ def validate_parquet(path: str | os.PathLike, suite_name: str, batch_rows: int =
         for r in result.results:
             _accumulate(outcomes[r.expectation_config.meta["index"]], r)
     return SuiteOutcome(spec["name"], rows, outcomes)
+
+
+def _fill(spec: dict, values: dict[str, list]) -> dict:
+    def resolve(value):
+        if isinstance(value, str) and value.startswith("$"):
+            if value[1:] not in values:
+                raise ValueError(f"expectation suite {spec['name']!r} needs a value for {value}")
+            return values[value[1:]]
+        return value
+
+    return {**spec, "expectations": [{**e, "kwargs": {k: resolve(v) for k, v in e.get("kwargs", {}).items()}}
+                                     for e in spec["expectations"]]}
 
 
 def _batches(path: Path, batch_rows: int):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -56,6 +57,7 @@ class AtomicFolder:
 
     def path(self, name: str) -> Path:
         final = self.out / name
+        final.parent.mkdir(parents=True, exist_ok=True)
         tmp = temp_path(final)
         self.pending.append((tmp, final))
         return tmp
@@ -79,3 +81,18 @@ class AtomicFolder:
         for tmp, _ in self.pending:
             tmp.unlink(missing_ok=True)
         self.pending.clear()
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    """Put ``src`` at ``dst`` atomically: a hard link (no extra space), or a copy across file systems."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path(dst)
+    tmp.unlink(missing_ok=True)
+    try:
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 import duckdb
 
 from pipeline.schema import EVENT_TIMES, FOREIGN_KEYS, TABLES, ForeignKey
-from pipeline.staging import staged_path
+from pipeline.staging import attach_staged
 
 EXAMPLES = 5
 
@@ -43,10 +43,7 @@ class Invariant:
 
 def _connect(staged_dir: Path) -> duckdb.DuckDBPyConnection:
     con = duckdb.connect()
-    for name in TABLES:
-        p = staged_path(staged_dir, name)
-        if p.exists():
-            con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{p.as_posix()}')").fetchall()
+    attach_staged(con, staged_dir)
     return con
 
 
@@ -119,11 +116,9 @@ def orderings(con, table: str) -> list[Invariant]:
     return out
 
 
-def table_invariants(staged_dir: str | os.PathLike, table: str,
-                     con: duckdb.DuckDBPyConnection | None = None) -> list[Invariant]:
+def table_invariants(staged_dir: str | os.PathLike, table: str) -> list[Invariant]:
     """All invariants whose subject is ``table``: its key, its outgoing FKs, its event times."""
-    own = con is None
-    con = con or _connect(Path(staged_dir))
+    con = _connect(Path(staged_dir))
     try:
         available = _available(con)
         if table not in available:
@@ -148,14 +143,5 @@ def table_invariants(staged_dir: str | os.PathLike, table: str,
                                              skipped=f"{parent} not staged"))
         results += orderings(con, table)
         return results
-    finally:
-        if own:
-            con.close()
-
-
-def all_invariants(staged_dir: str | os.PathLike) -> list[Invariant]:
-    con = _connect(Path(staged_dir))
-    try:
-        return [inv for t in TABLES for inv in table_invariants(staged_dir, t, con)]
     finally:
         con.close()

@@ -15,7 +15,7 @@ from pathlib import Path
 from pipeline.expectations import validate_parquet
 from pipeline.integrity import Invariant, table_invariants
 from pipeline.schema import TABLES
-from pipeline.staging import staged_path
+from pipeline.staging import staged_path, staged_tables
 
 ERROR_INVARIANTS = {"unique_key"}
 
@@ -83,6 +83,7 @@ def _describe(inv: Invariant) -> str:
 def check_staged(staged_dir: str | os.PathLike) -> Iterator[tuple[str, bool]]:
     """Lines of a human-readable report, each with whether it is an error."""
     staged_dir = Path(staged_dir)
+    staged_tables(staged_dir)
     for table in TABLES:
         if not staged_path(staged_dir, table).exists():
             yield f"{table}: not staged, skipped", False

@@ -23,12 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.files import temp_path
 from pipeline.schema import ROW_ID, TABLES, table
+from pipeline.sql import path_literal
 
 PARQUET_OPTIONS = dict(compression="zstd", compression_level=3, row_group_size=1 << 20,
                        dictionary_pagesize_limit=1 << 16)  # high-cardinality text falls back to plain early
@@ -42,6 +44,33 @@ class StagingError(RuntimeError):
 
 def staged_path(staged_dir: str | os.PathLike, table_name: str) -> Path:
     return Path(staged_dir) / f"{table_name}.parquet"
+
+
+def staged_tables(staged_dir: str | os.PathLike) -> list[str]:
+    """The registry's tables staged in ``staged_dir``; a folder with none of them is an error."""
+    present = [name for name in TABLES if staged_path(staged_dir, name).is_file()]
+    if not present:
+        raise FileNotFoundError(f"no staged tables (<table>.parquet) in {staged_dir}")
+    return present
+
+
+def attach_staged(con: duckdb.DuckDBPyConnection, staged_dir: str | os.PathLike, *, kind: str = "VIEW",
+                  schema: str = "main", tables: Iterable[str] | None = None) -> list[str]:
+    """Make each staged table in ``staged_dir`` queryable on ``con`` as ``schema.<name>``.
+
+    A ``VIEW`` scans the Parquet file at query time (cheap to open, for one pass over big tables);
+    a ``TABLE`` loads it once (for many small queries). Tables without a file are skipped: the
+    names of those present come back in registry order.
+    """
+    if kind not in ("VIEW", "TABLE"):
+        raise ValueError(f"kind must be VIEW or TABLE, not {kind!r}")
+    present = []
+    for name in tables if tables is not None else TABLES:
+        path = staged_path(staged_dir, name)
+        if path.is_file():
+            con.execute(f"CREATE {kind} {schema}.{name} AS SELECT * FROM read_parquet({path_literal(path)})").fetchall()
+            present.append(name)
+    return present
 
 
 @dataclass
@@ -195,11 +224,6 @@ class TableSink:
 def _data_schema(table_name: str) -> pa.Schema:
     schema = table(table_name).arrow_schema
     return schema.remove(schema.get_field_index(ROW_ID))
-
-
-def conform(table_name: str, data: pa.Table | pa.RecordBatch) -> pa.Table:
-    """Select and cast ``data`` to the registry's columns of ``table_name``, in order."""
-    return _cast(table_name, _select(table_name, data))
 
 
 def _select(table_name: str, data: pa.Table | pa.RecordBatch) -> pa.Table:

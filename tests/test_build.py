@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 
 import duckdb
 import pyarrow.parquet as pq
@@ -10,10 +11,12 @@ import pytest
 import yaml
 
 from pipeline.build import build
+from pipeline.files import sha256_file as sha256
+from pipeline.noise.model import answer_of
 from pipeline.noise.operators import OPERATORS
+from pipeline.noise.overlay import Database, changes_from_records
 from pipeline.noise.select import violations
 from pipeline.noise.verify import CHECKS
-from pipeline.files import sha256_file as sha256
 
 QUESTIONS_PER_TEMPLATE = 3
 pytestmark = pytest.mark.slow
@@ -57,6 +60,16 @@ def test_overlays_belong_to_pairs_and_reopen(demo_build):
     levels = dict(con.sql(f"SELECT p.noise_level, count(o.pair_id) FROM '{out}/pairs.parquet' p "
                           f"LEFT JOIN '{out}/overlays.parquet' o USING (pair_id) GROUP BY 1").fetchall())
     assert levels["query"] == 0 and levels["record"] > 0 and levels["value"] > 0
+    # Re-applied from the published files alone, every pair gives back its recorded answers.
+    db = Database(out / "staged")
+    changes = defaultdict(list)
+    for row in pq.read_table(out / "overlays.parquet").to_pylist():
+        changes[row["pair_id"]].append(row)
+    for pair in pq.read_table(out / "pairs.parquet").to_pylist():
+        assert answer_of(db.rows(pair["gold_sql"]), pair["answer_type"]) == pair["clean_answer"], pair["pair_id"]
+        with db.noisy(changes_from_records(changes[pair["pair_id"]])):
+            naive = answer_of(db.rows(pair["naive_sql"]), pair["answer_type"])
+        assert naive == json.loads(pair["verification"])["naive_answer"], pair["pair_id"]
 
 
 def test_manifest_and_card(demo_build):
@@ -69,7 +82,22 @@ def test_manifest_and_card(demo_build):
     assert manifest["expectations"]["success"] is True
     card = (out / "README.md").read_text()
     header = yaml.safe_load(card.split("---")[1])
-    assert header["configs"][0]["data_files"][0]["path"] == "pairs.parquet"
+    assert header["license"] == "odbl"
+    assert header["configs"][0]["data_files"][0]["path"] == "splits/pairs-train.parquet"
+
+
+def test_hugging_face_loads_the_benchmark_folder(demo_build, tmp_path, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    out, _ = demo_build
+    by_split = json.loads((out / "manifest.json").read_text())["counts"]["by_split"]
+    pairs = datasets.load_dataset(str(out), cache_dir=str(tmp_path))
+    assert {s: pairs[s].num_rows for s in pairs} == by_split
+    assert set(pairs["test"]["split"]) == {"test"}
+    overlays = datasets.load_dataset(str(out), "overlays", cache_dir=str(tmp_path))
+    assert sum(overlays[s].num_rows for s in overlays) == pq.ParquetFile(out / "overlays.parquet").metadata.num_rows
+    flat = datasets.load_dataset("parquet", data_files=str(out / "pairs.parquet"), cache_dir=str(tmp_path))
+    assert flat["train"].num_rows == sum(by_split.values())
 
 
 def test_same_seed_same_bytes_other_seed_other_pairs(demo_build, demo_path, tmp_path):

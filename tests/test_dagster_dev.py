@@ -64,6 +64,7 @@ def test_dagster_dev_shows_the_whole_graph_with_checks(tmp_path):
         assert by_group["noise"] == {"noise_candidates_record", "noise_candidates_value", "noise_candidates_query",
                                      "verified_pairs"}
         assert by_group["benchmark"] == {"benchmark"}
+        assert by_group["audit"] == {"perturbation_audit"}
         labevents = next(n for n in nodes if n["assetKey"]["path"] == ["labevents"])
         assert {c["name"] for c in labevents["assetChecksOrError"]["checks"]} == {"expectations", "integrity"}
     finally:

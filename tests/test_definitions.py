@@ -40,22 +40,23 @@ def test_source_assets_materialize_on_the_demo_with_checks(demo_path, tmp_path):
     labevents = next(e for e in result.get_asset_materialization_events()
                      if e.asset_key.to_user_string() == "labevents")
     assert labevents.materialization.metadata["dagster/row_count"].value == 107_727
-    assert (run.staged_dir / "labevents.parquet").exists()
-    assert run.staged_dir == tmp_path / "benchmark" / "demo" / "seed=0" / "staged"
+    assert (run.staged / "labevents.parquet").exists()
+    assert run.staged == tmp_path / "benchmark" / "demo" / "staged"  # shared by every seed partition
 
 
 @pytest.mark.slow
 def test_whole_graph_materializes_on_the_demo(demo_path, tmp_path):
-    from pipeline.defs import noise, questions
+    from pipeline.defs import noise, partitions, questions
 
-    run = BenchmarkRun(source="demo", path=str(demo_path), data_dir=str(tmp_path), seed=3,
-                       questions_per_template=2)
+    run = BenchmarkRun(source="demo", path=str(demo_path), data_dir=str(tmp_path), questions_per_template=2)
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(partitions.SEEDS.name, ["3"])
+    assert dg.materialize([sources.stage_mimic_tables], instance=instance, resources={"benchmark_run": run}).success
     result = dg.materialize(
-        [sources.stage_mimic_tables, questions.slot_pools, questions.clean_questions,
-         questions.clean_questions_cover_all_cells,
+        [questions.slot_pools, questions.clean_questions, questions.clean_questions_cover_all_cells,
          noise.noise_candidates, noise.verified_pairs, noise.every_shipped_pair_is_verified, noise.benchmark,
          noise.pairs_expectations],
-        resources={"benchmark_run": run})
+        resources={"benchmark_run": run}, instance=instance, partition_key="3")
     assert result.success
     checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
     assert checks == {"clean_questions_cover_all_cells": True, "every_shipped_pair_is_verified": True,
@@ -71,7 +72,7 @@ def test_whole_graph_materializes_on_the_demo(demo_path, tmp_path):
 
 
 def test_source_assets_on_synthetic_pass_every_check(tmp_path):
-    run = BenchmarkRun(source="synthetic", patients=300, seed=2, data_dir=str(tmp_path))
+    run = BenchmarkRun(source="synthetic", patients=300, source_seed=2, data_dir=str(tmp_path))
     result = dg.materialize([sources.stage_mimic_tables, *sources.TABLE_CHECKS], resources={"benchmark_run": run})
     assert result.success
     evaluations = result.get_asset_check_evaluations()

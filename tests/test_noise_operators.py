@@ -1,4 +1,4 @@
-"""The 18 perturbation operators and their mechanical verification, on a tiny hand-made database.
+"""The perturbation operators and their mechanical verification, on a tiny hand-made database.
 
 A handful of rows per table is staged to real Parquet with :class:`TableSink` and loaded into a
 real DuckDB :class:`Database`. Each clean question has an answer worked out by hand from those
@@ -7,6 +7,7 @@ the MIMIC table names, and :func:`verify_candidates` must pass all five checks. 
 (irrelevant change, undetectable change, undeclared no-op, nondeterminism, no effect) must be
 rejected by the check that names their fault.
 """
+# ruff: noqa: C408  (hand-made rows read best as dict(column=value, ...))
 
 from __future__ import annotations
 
@@ -14,21 +15,35 @@ import datetime as dt
 import difflib
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 import pyarrow as pa
 import pytest
 
-from pipeline.noise.bounds import register_bounds
 from pipeline.noise.candidates import operator_rng
-from pipeline.noise.model import AMBIGUOUS, CleanQuestion, Detector, answer_of
+from pipeline.noise.model import (
+    AMBIGUOUS,
+    Candidate,
+    CleanQuestion,
+    Detector,
+    OperatorParams,
+    Proposal,
+    answer_of,
+)
 from pipeline.noise.operators import OPERATORS
-from pipeline.noise.operators.common import record_candidate, update
+from pipeline.noise.operators.common import record_proposal, update
 from pipeline.noise.overlay import Change, Database, Overlay
-from pipeline.noise.verify import CHECKS, expected_outcome, failed_checks, verify_candidates
+from pipeline.noise.registry import NOISE_LEVELS, Operator
+from pipeline.noise.verify import (
+    CHECKS,
+    expected_outcome,
+    failed_checks,
+    verify_candidates,
+)
+from pipeline.plausibility import register_bounds
 from pipeline.questions.evidence import check_evidence, evidence_violations
-from pipeline.questions.templates import Slot, Template, render
+from pipeline.questions.templates import EntitySlot, NoiseSpec, Slot, Template, render
 from pipeline.schema import ROW_ID, TABLES
 from pipeline.staging import TableSink
 
@@ -158,13 +173,14 @@ LAB_FILTER = f"""FROM labevents l JOIN d_labitems d ON d.itemid = l.itemid
     WHERE l.subject_id = {{{{ subject_id|sql }}}} AND d.label = {{{{ lab_label|sql }}}} AND d.fluid = 'Blood'
       AND l.valuenum IS NOT NULL AND l.hadm_id = {FIRST_HADM}
     QUALIFY rank() OVER (ORDER BY l.charttime DESC) = 1"""
-LAB_NOISE = dict(evidence_table="labevents", value_column="valuenum", time_column="charttime",
-                 entity_slot=dict(slot="lab_label", dictionary="d_labitems", column="label"),
-                 operators=["drop_evidence", "duplicate_exact", "duplicate_conflict", "orphan_link",
-                            "time_displaced", "missing_timestamp", "unit_scale", "implausible_value",
-                            "unit_label_mismatch", "value_text_conflict", "invalid_code", "absent_event",
-                            "nonexistent_entity", "misspelled_entity", "false_premise", "ambiguous_reference"])
-DX_ENTITY = dict(slot="diagnosis", dictionary="d_icd_diagnoses", column="long_title")
+LAB_NOISE = NoiseSpec(evidence_table="labevents", value_column="valuenum", time_column="charttime",
+                      entity_slot=EntitySlot("lab_label", "d_labitems", "label"),
+                      operators=("drop_evidence", "duplicate_exact", "duplicate_conflict", "orphan_link",
+                                 "time_displaced", "missing_timestamp", "unit_scale", "implausible_value",
+                                 "unit_label_mismatch", "value_text_conflict", "invalid_code", "absent_event",
+                                 "nonexistent_entity", "misspelled_entity", "false_premise",
+                                 "ambiguous_reference"))
+DX_ENTITY = EntitySlot("diagnosis", "d_icd_diagnoses", "long_title")
 DX_JOIN = "diagnoses_icd x JOIN d_icd_diagnoses d ON d.icd_code = x.icd_code AND d.icd_version = x.icd_version"
 
 TEMPLATES = {t.id: t for t in [
@@ -184,8 +200,8 @@ TEMPLATES = {t.id: t for t in [
         "SELECT 'icustays' AS table_name, _rid FROM icustays "
         "WHERE subject_id = {{ subject_id|sql }} ORDER BY intime, stay_id LIMIT 1",
         [Slot("subject_id", "patient", {"source": "icu_stay"})], "number", ["icustays"],
-        dict(evidence_table="icustays", value_column="outtime", time_column="intime",
-             operators=["drop_evidence", "temporal_inversion", "missing_timestamp", "nonexistent_entity"])),
+        NoiseSpec(evidence_table="icustays", value_column="outtime", time_column="intime",
+                  operators=("drop_evidence", "temporal_inversion", "missing_timestamp", "nonexistent_entity"))),
     Template(
         "t_rx_count", "medications", "patient",
         ["How many {{ drug }} orders did patient {{ subject_id }} receive during their first hospital stay?",
@@ -196,9 +212,9 @@ TEMPLATES = {t.id: t for t in [
         f"AND drug = {{{{ drug|sql }}}} AND hadm_id = {FIRST_HADM}",
         [Slot("subject_id", "patient", {"source": "drug"}), Slot("drug", "drug", {"patient": "subject_id"})],
         "integer", ["prescriptions", "admissions"],
-        dict(evidence_table="prescriptions", time_column="starttime",
-             entity_slot=dict(slot="drug", dictionary="prescriptions", column="drug"),
-             operators=["duplicate_exact", "nonexistent_entity", "misspelled_entity", "temporal_inversion"])),
+        NoiseSpec(evidence_table="prescriptions", time_column="starttime",
+                  entity_slot=EntitySlot("drug", "prescriptions", "drug"),
+                  operators=("duplicate_exact", "nonexistent_entity", "misspelled_entity", "temporal_inversion"))),
     Template(
         "t_dx_ever", "diagnoses", "patient",
         ["Has patient {{ subject_id }} ever been diagnosed with {{ diagnosis }}?",
@@ -210,8 +226,8 @@ TEMPLATES = {t.id: t for t in [
         [Slot("subject_id", "patient", {"source": "diagnosis"}),
          Slot("diagnosis", "diagnosis", {"patient": "subject_id"})],
         "boolean", ["diagnoses_icd", "d_icd_diagnoses"],
-        dict(evidence_table="diagnoses_icd", value_column="icd_code", entity_slot=DX_ENTITY,
-             operators=["invalid_code", "ambiguous_reference", "misspelled_entity"])),
+        NoiseSpec(evidence_table="diagnoses_icd", value_column="icd_code", entity_slot=DX_ENTITY,
+                  operators=("invalid_code", "ambiguous_reference", "misspelled_entity"))),
     Template(
         "t_dx_patients", "diagnoses", "population",
         ["How many patients have been diagnosed with {{ diagnosis }}?",
@@ -219,8 +235,8 @@ TEMPLATES = {t.id: t for t in [
         f"SELECT count(DISTINCT x.subject_id) FROM {DX_JOIN} WHERE d.long_title = {{{{ diagnosis|sql }}}}",
         f"SELECT 'diagnoses_icd' AS table_name, x._rid FROM {DX_JOIN} WHERE d.long_title = {{{{ diagnosis|sql }}}}",
         [Slot("diagnosis", "diagnosis", {})], "integer", ["diagnoses_icd", "d_icd_diagnoses"],
-        dict(evidence_table="diagnoses_icd", value_column="icd_code", entity_slot=DX_ENTITY,
-             operators=["misspelled_entity", "nonexistent_entity", "ambiguous_reference"])),
+        NoiseSpec(evidence_table="diagnoses_icd", value_column="icd_code", entity_slot=DX_ENTITY,
+                  operators=("misspelled_entity", "nonexistent_entity", "ambiguous_reference"))),
     Template(
         "t_adm_year", "encounters", "patient",
         ["How many times was patient {{ subject_id }} admitted to the hospital in {{ year }}?",
@@ -230,8 +246,8 @@ TEMPLATES = {t.id: t for t in [
         "WHERE subject_id = {{ subject_id|sql }} AND year(admittime) = {{ year }}",
         [Slot("subject_id", "patient", {"source": "admission"}), Slot("year", "year", {"patient": "subject_id"})],
         "integer", ["admissions"],
-        dict(evidence_table="admissions", time_column="admittime", window=["year"],
-             operators=["window_outside_record"])),
+        NoiseSpec(evidence_table="admissions", time_column="admittime", window=("year",),
+                  operators=("window_outside_record",))),
     Template(
         "t_foley_first_icu", "icu_monitoring", "patient",
         ["How much {{ output_label }} output did patient {{ subject_id }} have during their first ICU stay?",
@@ -245,9 +261,9 @@ TEMPLATES = {t.id: t for t in [
         [Slot("subject_id", "patient", {"source": "icu_stay"}),
          Slot("output_label", "output_item", {"patient": "subject_id"})],
         "number", ["outputevents", "d_items", "icustays"],
-        dict(evidence_table="outputevents", value_column="value", time_column="charttime",
-             entity_slot=dict(slot="output_label", dictionary="d_items", column="label"),
-             operators=["orphan_link", "unit_scale"])),
+        NoiseSpec(evidence_table="outputevents", value_column="value", time_column="charttime",
+                  entity_slot=EntitySlot("output_label", "d_items", "label"),
+                  operators=("orphan_link", "unit_scale"))),
 ]}
 
 # key -> (template, slots, hand-computed clean answer as normalised JSON, evidence rids)
@@ -284,7 +300,7 @@ def world(tmp_path_factory) -> World:
         sink.write(name, _arrow(name, rows))
     assert sink.commit()["inputevents"] == 0
     db = Database(out)
-    register_bounds(db)
+    register_bounds(db.con, db.tables)
     questions = {}
     for key, (tid, slots, _answer, _evidence) in QUESTIONS.items():
         template = TEMPLATES[tid]
@@ -299,16 +315,16 @@ def world(tmp_path_factory) -> World:
     db.close()
 
 
-def params_for(q: CleanQuestion) -> dict:
-    return {"entity_pool": ENTITY_POOLS.get(q.template.id, [])}
+def params_for(q: CleanQuestion) -> OperatorParams:
+    return OperatorParams(tuple(ENTITY_POOLS.get(q.template.id, ())))
 
 
 def run(db: Database, q: CleanQuestion, name: str):
-    return OPERATORS[name].fn(db, q, params_for(q), operator_rng(SEED, q.question_id, name))
+    return OPERATORS[name].run(db, q, params_for(q), operator_rng(SEED, q.question_id, name))
 
 
 def rerun(db: Database) -> Callable:
-    return lambda c: run(db, c.question, c.operator)
+    return lambda c: run(db, c.question, c.operator.name)
 
 
 def verify_one(db: Database, cand, again: Callable | None = None) -> dict:
@@ -342,11 +358,9 @@ def test_clean_evidence_passes_every_detector(world):
     assert check_evidence(world.db.con, batch, set(world.db.tables)) == {}
 
 
-def test_operator_registry_is_complete():
-    from pipeline.questions.templates import OPERATORS as TEMPLATE_OPERATORS
-    assert sorted(OPERATORS) == sorted(TEMPLATE_OPERATORS) and len(OPERATORS) == 18
-    assert {OPERATORS[c.operator].level for c in CASES} == {"record", "value", "query"}
+def test_every_registered_operator_has_a_case():
     assert {c.operator for c in CASES} == set(OPERATORS)
+    assert {OPERATORS[c.operator].level for c in CASES} == set(NOISE_LEVELS)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -477,7 +491,7 @@ def test_operator_proposes_expected_candidate(world, candidates, case):
     cand = candidates[case.id]
     assert cand is not None, f"{case.operator} declined {case.question}"
     spec = OPERATORS[case.operator]
-    assert (cand.operator, cand.noise_level, cand.discrepancy) == (case.operator, spec.level, spec.discrepancy)
+    assert cand.operator is spec and spec.name == case.operator  # stamped by the registry
     assert cand.question is q
     assert cand.expected_behavior == case.behavior
     assert cand.expected_answer == case.answer
@@ -595,7 +609,7 @@ def test_verification_in_one_batch_matches_one_by_one(world, candidates, records
 @pytest.mark.parametrize("name", sorted(OPERATORS))
 def test_operators_are_deterministic(world, name):
     for q in world.questions.values():
-        if name not in q.template.noise["operators"]:
+        if name not in q.noise.operators:
             continue
         a, b = run(world.db, q, name), run(world.db, q, name)
         assert (a is None) == (b is None)
@@ -643,13 +657,18 @@ def _k_row(db):
     return db.base_rows("labevents", [2])[0]
 
 
+def hand_made(name: str, level: str, discrepancy: str, q: CleanQuestion, proposal: Proposal) -> Candidate:
+    """The proposal of an unregistered, hand-written operator, stamped as the registry stamps."""
+    return Operator(name, level, discrepancy, "test", lambda *_: proposal).stamp(q, proposal)
+
+
 def test_rejects_change_to_an_irrelevant_row(world):
     """The overlay changes potassium's neighbour (a sodium of the second stay): nothing changes."""
     db, q = world.db, world.questions["lab_k"]
     sodium = db.base_rows("labevents", [6])[0]
     overlay = Overlay([update("labevents", sodium, "valuenum", 1400.0), update("labevents", sodium, "value", "1400")])
-    cand = record_candidate(q, "irrelevant", "value", "implausible_value", overlay, "flag", None,
-                            "implausible_value", ["sodium x10"])
+    cand = hand_made("irrelevant", "value", "implausible_value", q,
+                     record_proposal(q, overlay, "flag", None, "implausible_value", ["sodium x10"]))
     rec = verify_one(db, cand, lambda c: cand)
     assert _first_failure(rec) == "effect"
     assert rec["naive_answer"] == q.answer
@@ -661,8 +680,8 @@ def test_rejects_noise_that_does_not_change_the_naive_answer(world):
     earlier = db.base_rows("labevents", [0])[0]
     overlay = Overlay([Change("labevents", "insert", db.next_rid["labevents"], None,
                               {k: v for k, v in earlier.items() if k != ROW_ID})])
-    cand = record_candidate(q, "useless_duplicate", "record", "duplicate_record", overlay, "flag", q.answer,
-                            "duplicate_exact", ["copied an earlier row"])
+    cand = hand_made("useless_duplicate", "record", "duplicate_record", q,
+                     record_proposal(q, overlay, "flag", q.answer, "duplicate_exact", ["copied an earlier row"]))
     rec = verify_one(db, cand, lambda c: cand)
     assert _first_failure(rec) == "effect"
 
@@ -673,8 +692,9 @@ def test_rejects_undetectable_change(world):
     row = _k_row(db)
     overlay = Overlay([update("labevents", row, "valuenum", 4.6), update("labevents", row, "value", "4.6")])
     for reason in ("implausible_value", "value_text_conflict", "duplicate_conflict"):
-        cand = record_candidate(q, "silent", "value", "implausible_value", overlay, "flag", None, reason, ["4.2 -> 4.6"])
-        rec = verify_one(db, cand, lambda c: cand)
+        cand = hand_made("silent", "value", "implausible_value", q,
+                         record_proposal(q, overlay, "flag", None, reason, ["4.2 -> 4.6"]))
+        rec = verify_one(db, cand, lambda c, cand=cand: cand)
         assert _first_failure(rec) == "detectable" and rec["detector_noisy"] == 0, reason
 
 
@@ -713,11 +733,11 @@ def test_rejects_nondeterministic_operator(world):
         row = _k_row(db)
         new = round(100 + random.random() * 100 + time.perf_counter_ns() % 1000 / 1e4, 4)
         overlay = Overlay([update("labevents", row, "valuenum", new), update("labevents", row, "value", str(new))])
-        return record_candidate(q, "flaky", "value", "implausible_value", overlay, "flag", "4.0",
-                                "implausible_value", [f"4.2 -> {new}"])
+        return record_proposal(q, overlay, "flag", "4.0", "implausible_value", [f"4.2 -> {new}"])
 
-    cand = flaky(db, q, {}, operator_rng(SEED, q.question_id, "flaky"))
-    rec = verify_one(db, cand, lambda c: flaky(db, c.question, {}, operator_rng(SEED, q.question_id, "flaky")))
+    op = Operator("flaky", "value", "implausible_value", "test", flaky)
+    cand = op.run(db, q, OperatorParams(), operator_rng(SEED, q.question_id, "flaky"))
+    rec = verify_one(db, cand, lambda c: op.run(db, c.question, OperatorParams(), operator_rng(SEED, q.question_id, "flaky")))
     assert _first_failure(rec) == "deterministic"
     # the same operator with a stable value passes
     rec = verify_one(db, cand, lambda c: cand)
@@ -733,16 +753,16 @@ def test_rejects_operator_that_declines_on_rerun(world):
 def test_rejects_question_whose_stored_answer_is_wrong(world):
     db, q = world.db, world.questions["lab_k"]
     wrong = replace(q, question_id="q_lab_k_wrong", answer="4.3")
-    cand = OPERATORS["unit_scale"].fn(db, wrong, {}, operator_rng(SEED, wrong.question_id, "unit_scale"))
+    cand = OPERATORS["unit_scale"].run(db, wrong, OperatorParams(), operator_rng(SEED, wrong.question_id, "unit_scale"))
     assert _first_failure(verify_one(db, cand, lambda c: cand)) == "clean"
 
 
 def test_rejected_candidates_do_not_leak_into_the_clean_base(world):
     db, q = world.db, world.questions["lab_k"]
     row = _k_row(db)
-    cand = record_candidate(q, "silent", "value", "implausible_value",
-                            Overlay([update("labevents", row, "valuenum", 4.6)]), "flag", None,
-                            "implausible_value", [])
+    cand = hand_made("silent", "value", "implausible_value", q,
+                     record_proposal(q, Overlay([update("labevents", row, "valuenum", 4.6)]), "flag", None,
+                                     "implausible_value", []))
     verify_candidates(db, [cand, run(db, q, "unit_scale")], rerun(db))
     assert answer_of(db.rows(q.gold_sql), "number") == "4.2"
     assert db.scalar("SELECT count(*) FROM labevents") == len(DATA["labevents"])
@@ -757,6 +777,6 @@ def test_propose_takes_distinct_levels_and_is_deterministic(world):
     assert sum(report.proposed.values()) == len(first) > 0
     by_question: dict[str, list[str]] = {}
     for c in first:
-        assert c.operator in c.question.template.noise["operators"]
-        by_question.setdefault(c.question.question_id, []).append(c.noise_level)
+        assert c.operator.name in c.question.noise.operators
+        by_question.setdefault(c.question.question_id, []).append(c.operator.level)
     assert all(len(levels) == len(set(levels)) <= 2 for levels in by_question.values())

@@ -6,8 +6,15 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.questions import TemplateError, generate_questions, load_templates, open_staged, render
+from pipeline.questions import (
+    TemplateError,
+    generate_questions,
+    load_templates,
+    open_staged,
+    render,
+)
 from pipeline.questions.generate import draw_candidates
+from pipeline.questions.templates import EntitySlot, NoiseSpec
 from pipeline.schema import table as schema_table
 
 TEMPLATES = load_templates()
@@ -139,18 +146,50 @@ GOOD = """
 
 
 @pytest.mark.parametrize("change, message", [
-    (dict(gold="max(valuenum) {% if %}"), "Jinja syntax error"),
-    (dict(gold="{{ missing_slot|sql }}"), "unknown slot"),
-    (dict(sampler="no_such_sampler"), "unknown sampler 'no_such_sampler'"),
-    (dict(answer_type="float"), "answer_type 'float'"),
+    ({"gold": "max(valuenum) {% if %}"}, "Jinja syntax error"),
+    ({"gold": "{{ missing_slot|sql }}"}, "unknown slot"),
+    ({"sampler": "no_such_sampler"}, "unknown sampler 'no_such_sampler'"),
+    ({"answer_type": "float"}, "answer_type 'float'"),
 ])
 def test_bad_template_is_named(tmp_path, change, message):
-    fields = dict(tid="broken_template", sampler="patient", gold="max(valuenum)", answer_type="number")
+    fields = {"tid": "broken_template", "sampler": "patient", "gold": "max(valuenum)", "answer_type": "number"}
     fields.update(change)
     (tmp_path / "laboratory.yaml").write_text(GOOD.format(**fields))
     with pytest.raises(TemplateError, match=message) as err:
         load_templates(tmp_path)
     assert "broken_template" in str(err.value) and "laboratory.yaml" in str(err.value)
+
+
+GOOD_NOISE = "noise: {evidence_table: labevents, operators: [drop_evidence]}"
+
+
+@pytest.mark.parametrize("noise, message", [
+    ("{evidence_table: labevents, operators: [drop_evidence, shuffle_rows]}",
+     r"unknown operator\(s\) \['shuffle_rows'\]; known: .*drop_evidence"),
+    ("{evidence_table: labevents, operators: []}", "non-empty list of operator names"),
+    ("{evidence_table: labevents, value_column: dose, operators: [drop_evidence]}",
+     "noise.value_column 'dose' is not a column of labevents"),
+    ("{evidence_table: labevents, operators: [drop_evidence], entity_slot: {slot: drug, dictionary: d_labitems}}",
+     "noise.entity_slot must be"),
+    ("{evidence_table: labevents, operators: [drop_evidence], window: [year]}", r"unknown slot\(s\) \['year'\]"),
+    ("{evidence_table: labevents, operators: [drop_evidence], severity: 3}", r"unknown \['severity'\]"),
+])
+def test_bad_noise_block_is_named(tmp_path, noise, message):
+    text = GOOD.format(tid="noisy_template", sampler="patient", gold="max(valuenum)", answer_type="number")
+    (tmp_path / "laboratory.yaml").write_text(text.replace(GOOD_NOISE, f"noise: {noise}"))
+    with pytest.raises(TemplateError, match=message) as err:
+        load_templates(tmp_path)
+    assert "noisy_template" in str(err.value) and "laboratory.yaml" in str(err.value)
+
+
+def test_noise_block_is_parsed_once_into_a_typed_spec(tmp_path):
+    noise = ("{evidence_table: labevents, time_column: charttime, operators: [drop_evidence, absent_event], "
+             "entity_slot: {slot: lab_label, dictionary: d_labitems}}")
+    text = GOOD.format(tid="typed", sampler="patient", gold="max(valuenum)", answer_type="number")
+    (tmp_path / "laboratory.yaml").write_text(text.replace(GOOD_NOISE, f"noise: {noise}"))
+    (template,) = load_templates(tmp_path)
+    assert template.noise == NoiseSpec("labevents", ("drop_evidence", "absent_event"), time_column="charttime",
+                                       entity_slot=EntitySlot("lab_label", "d_labitems", "lab_label"))
 
 
 def test_sql_values_must_be_quoted(tmp_path):

@@ -108,13 +108,13 @@ def _stage_fails(root: Path, out: Path, *fragments: str) -> None:
 
 def test_missing_column_is_named(tmp_path, demo_path):
     root = _release(tmp_path, demo_path)
-    _rewrite(root / "hosp/patients.csv.gz", lambda ls: [",".join(l.split(",")[:-1]) for l in ls])
+    _rewrite(root / "hosp/patients.csv.gz", lambda ls: [",".join(line.split(",")[:-1]) for line in ls])
     _stage_fails(root, tmp_path / "out", "patients.csv.gz", "missing column(s) dod")
 
 
 def test_extra_column_is_named(tmp_path, demo_path):
     root = _release(tmp_path, demo_path)
-    _rewrite(root / "hosp/patients.csv.gz", lambda ls: [ls[0] + ",shoe_size"] + [l + ",42" for l in ls[1:]])
+    _rewrite(root / "hosp/patients.csv.gz", lambda ls: [ls[0] + ",shoe_size"] + [line + ",42" for line in ls[1:]])
     _stage_fails(root, tmp_path / "out", "patients.csv.gz", "unexpected column(s) shoe_size")
 
 

@@ -11,7 +11,7 @@ import pytest
 from pipeline.schema import EVENT_TIMES, FOREIGN_KEYS, TABLES, table
 from pipeline.sources import make_source
 from pipeline.sources.synthetic import SyntheticSource
-from pipeline.staging import StagingError, stage, staged_path
+from pipeline.staging import StagingError, attach_staged, stage, staged_path
 
 PATIENTS = 1000
 WINDOWS = {"icustays": ("stay_id", "intime", "outtime"), "admissions": ("hadm_id", "admittime", "dischtime")}
@@ -28,8 +28,7 @@ def staged(tmp_path_factory):
 def con(staged):
     out, _ = staged
     c = duckdb.connect()
-    for name in TABLES:
-        c.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{staged_path(out, name).as_posix()}')")
+    attach_staged(c, out)
     yield c
     c.close()
 
@@ -218,8 +217,7 @@ def test_small_chunks_give_valid_output(tmp_path):
     report = stage(SyntheticSource(patients=250, seed=3, chunk_size=60), tmp_path)
     assert report.rows["patients"] == 250
     c = duckdb.connect()
-    for name in TABLES:
-        c.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{staged_path(tmp_path, name).as_posix()}')")
+    attach_staged(c, tmp_path)
     for name in (n for n, t in TABLES.items() if t.key):
         key = ", ".join(TABLES[name].key)
         assert count(c, f"SELECT {key} FROM {name} GROUP BY ALL HAVING count(*) > 1") == 0, name

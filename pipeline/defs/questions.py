@@ -6,26 +6,15 @@ from collections import Counter
 import dagster as dg
 import pyarrow.parquet as pq
 
+from pipeline.defs.partitions import SEEDS, seed_layout, seed_of
 from pipeline.defs.resources import BenchmarkRun
-from pipeline.questions import generate
 from pipeline.files import write_parquet
+from pipeline.questions import generate
 from pipeline.questions.generate import generate_questions
-from pipeline.questions.templates import INTENTS, LEVELS
+from pipeline.questions.templates import INTENTS, QUESTION_LEVELS
 from pipeline.schema import TABLES
 
 SAMPLES_PER_CELL = 2
-
-
-def questions_path(run: BenchmarkRun):
-    return run.run_dir / "clean_questions.parquet"
-
-
-def pools_path(run: BenchmarkRun):
-    return run.run_dir / "slot_pools.parquet"
-
-
-def question_rejections_path(run: BenchmarkRun):
-    return run.run_dir / "clean_questions_rejected.json"
 
 
 def _markdown_table(header: list[str], rows: list[list]) -> str:
@@ -47,13 +36,15 @@ def _samples(rows: list[dict]) -> str:
     return "\n".join(parts)
 
 
-@dg.asset(group_name="questions", deps=list(TABLES), kinds={"duckdb", "parquet"})
+@dg.asset(group_name="questions", deps=list(TABLES), kinds={"duckdb", "parquet"}, partitions_def=SEEDS)
 def slot_pools(context: dg.AssetExecutionContext, benchmark_run: BenchmarkRun) -> dg.MaterializeResult:
     """Every template's candidate slot values (patients, items, drugs, codes, windows, thresholds),
     drawn by its seeded samplers from the staged data, in the order clean_questions evaluates them."""
-    table, skipped = generate.slot_pools(benchmark_run.staged_dir, benchmark_run.seed,
+    layout = seed_layout(context, benchmark_run)
+    table, skipped = generate.slot_pools(layout.staged, seed_of(context),
                                          per_template=benchmark_run.questions_per_template)
-    write_parquet(table, pools_path(benchmark_run))
+    write_parquet(table, layout.slot_pools)
+    context.log.info(f"seed {seed_of(context)}: {table.num_rows:,} slot candidates → {layout.slot_pools}")
     for template_id, reason in skipped.items():
         context.log.warning(f"template {template_id} skipped: {reason}")
     per_template = Counter(table.column("template_id").to_pylist())
@@ -70,24 +61,28 @@ def slot_pools(context: dg.AssetExecutionContext, benchmark_run: BenchmarkRun) -
     })
 
 
-@dg.asset(group_name="questions", deps=[slot_pools], kinds={"duckdb", "parquet"})
+@dg.asset(group_name="questions", deps=[slot_pools], kinds={"duckdb", "parquet"}, partitions_def=SEEDS)
 def clean_questions(context: dg.AssetExecutionContext, benchmark_run: BenchmarkRun) -> dg.MaterializeResult:
     """Clean questions: every template's slot-pool candidates rendered, answered by the gold SQL,
     kept only when the answer is non-empty and its evidence rows pass the clean-evidence filter."""
-    table, report = generate_questions(benchmark_run.staged_dir, benchmark_run.seed,
+    layout = seed_layout(context, benchmark_run)
+    context.log.info(f"seed {seed_of(context)}: answering the slot pools' candidates")
+    table, report = generate_questions(layout.staged, seed_of(context),
                                        per_template=benchmark_run.questions_per_template,
-                                       pools=pq.read_table(pools_path(benchmark_run)))
-    write_parquet(table, questions_path(benchmark_run))
-    question_rejections_path(benchmark_run).write_text(json.dumps(dict(sorted(report.rejected.items()))))
+                                       workers=benchmark_run.workers, pools=pq.read_table(layout.slot_pools))
+    write_parquet(table, layout.clean_questions)
+    layout.question_rejections.write_text(json.dumps(dict(sorted(report.rejected.items()))))
+    context.log.info(f"{table.num_rows:,} clean questions, {sum(report.rejected.values()):,} candidates "
+                     f"rejected, in {report.seconds:.1f} s")
     for template_id, reason in report.skipped.items():
         context.log.warning(f"template {template_id} skipped: {reason}")
     rows = table.to_pylist()
-    cells = [[i] + [report.cells[(i, lvl)] for lvl in LEVELS] for i in INTENTS]
+    cells = [[i] + [report.cells[(i, lvl)] for lvl in QUESTION_LEVELS] for i in INTENTS]
     return dg.MaterializeResult(metadata={
         "dagster/row_count": table.num_rows,
-        "path": dg.MetadataValue.path(str(questions_path(benchmark_run))),
+        "path": dg.MetadataValue.path(str(layout.clean_questions)),
         "seconds": round(report.seconds, 1),
-        "by_intent_and_level": dg.MetadataValue.md(_markdown_table(["intent", *LEVELS], cells)),
+        "by_intent_and_level": dg.MetadataValue.md(_markdown_table(["intent", *QUESTION_LEVELS], cells)),
         "by_template": dg.MetadataValue.md(_markdown_table(
             ["template", "clean questions", "rejected"],
             [[t, n, json.dumps(dict(report.rejected_by_template.get(t, {})))] for t, n in sorted(report.questions.items())])),
@@ -99,11 +94,14 @@ def clean_questions(context: dg.AssetExecutionContext, benchmark_run: BenchmarkR
     })
 
 
-@dg.asset_check(asset=clean_questions, description="Every intent × level cell has clean questions; ids unique.")
-def clean_questions_cover_all_cells(benchmark_run: BenchmarkRun) -> dg.AssetCheckResult:
-    rows = pq.read_table(questions_path(benchmark_run), columns=["question_id", "intent", "level"]).to_pylist()
+@dg.asset_check(asset=clean_questions, partitions_def=SEEDS,
+                description="Every intent × level cell has clean questions; ids unique.")
+def clean_questions_cover_all_cells(context: dg.AssetCheckExecutionContext,
+                                    benchmark_run: BenchmarkRun) -> dg.AssetCheckResult:
+    rows = pq.read_table(seed_layout(context, benchmark_run).clean_questions,
+                         columns=["question_id", "intent", "level"]).to_pylist()
     cells = Counter((r["intent"], r["level"]) for r in rows)
-    empty = [f"{i}/{lvl}" for i in INTENTS for lvl in LEVELS if not cells[(i, lvl)]]
+    empty = [f"{i}/{lvl}" for i in INTENTS for lvl in QUESTION_LEVELS if not cells[(i, lvl)]]
     duplicates = len(rows) - len({r["question_id"] for r in rows})
     return dg.AssetCheckResult(passed=not empty and not duplicates,
                                metadata={"empty_cells": ", ".join(empty) or "none", "duplicate_ids": duplicates})

@@ -29,7 +29,7 @@ def stage_mimic_tables(context: dg.AssetExecutionContext, benchmark_run: Benchma
     as materialized-but-absent (0 rows, with the reason), so the stages downstream still run and
     skip only what needs it."""
     tables = [key.path[-1] for key in context.selected_asset_keys]
-    report = stage(benchmark_run.make_source(), benchmark_run.staged_dir, tables)
+    report = stage(benchmark_run.make_source(), benchmark_run.staged, tables)
     for name, reason in report.skipped.items():
         context.log.warning(f"table {name} absent: {reason}")
         yield dg.MaterializeResult(asset_key=name, metadata={
@@ -40,9 +40,9 @@ def stage_mimic_tables(context: dg.AssetExecutionContext, benchmark_run: Benchma
             metadata={
                 "dagster/row_count": rows,
                 "dagster/column_schema": _column_schema(name),
-                "path": dg.MetadataValue.path(str(staged_path(benchmark_run.staged_dir, name))),
+                "path": dg.MetadataValue.path(str(staged_path(benchmark_run.staged, name))),
                 "source": benchmark_run.source,
-                "seed": benchmark_run.seed,
+                "source_seed": benchmark_run.source_seed,
             },
         )
 
@@ -69,10 +69,10 @@ def table_check(table: str, check: str) -> dg.AssetChecksDefinition:
 
     @dg.asset_check(asset=table, name=check, description=description.format(table=table))
     def _check(benchmark_run: BenchmarkRun) -> dg.AssetCheckResult:
-        if not staged_path(benchmark_run.staged_dir, table).exists():
+        if not staged_path(benchmark_run.staged, table).exists():
             return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN,
                                        metadata={"absent": f"{table} is absent from this source; not checked"})
-        return _result(check_fn(benchmark_run.staged_dir, table))
+        return _result(check_fn(benchmark_run.staged, table))
 
     return _check
 

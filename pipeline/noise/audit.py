@@ -13,7 +13,7 @@ import duckdb
 
 from pipeline.noise.pairs import NoiseReport
 from pipeline.noise.verify import CHECKS
-from pipeline.staging import staged_path
+from pipeline.staging import attach_staged
 
 
 def _cell(value) -> str:
@@ -38,11 +38,11 @@ def before_after(staged_dir: str | os.PathLike, changes: list[list]) -> str:
         return "_No rows changed: the question itself was rewritten._"
     con = duckdb.connect()
     try:
+        attach_staged(con, staged_dir, tables=sorted({c[0] for c in changes if c[1] == "update"}))
         lines = ["| table | _rid | change | column | before | after |", "|---|---|---|---|---|---|"]
         for table, op, rid, column, new in changes:
-            path = staged_path(staged_dir, table).as_posix()
             if op == "update":
-                before = con.execute(f"SELECT \"{column}\" FROM read_parquet('{path}') WHERE _rid = {rid}").fetchall()
+                before = con.execute(f"SELECT \"{column}\" FROM {table} WHERE _rid = {int(rid)}").fetchall()
                 lines.append(f"| {table} | {rid} | update | {column} | {_cell(before[0][0] if before else None)} | "
                              f"{_cell(json.loads(new))} |")
             elif op == "delete":

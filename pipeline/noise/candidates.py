@@ -11,14 +11,15 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.files import stable_int
-from pipeline.noise.model import LEVELS, Candidate, CleanQuestion
+from pipeline.noise.model import Candidate, CleanQuestion, OperatorParams
 from pipeline.noise.operators import OPERATORS
 from pipeline.noise.overlay import Database
+from pipeline.noise.registry import NOISE_LEVELS
 from pipeline.questions.templates import Template
 
 DEFAULT_OPERATORS_PER_QUESTION = 2
 SCARCEST_LEVEL = "value"  # applies to the fewest templates, so it is tried first
-OTHER_LEVELS = tuple(level for level in LEVELS if level != SCARCEST_LEVEL)
+OTHER_LEVELS = tuple(level for level in NOISE_LEVELS if level != SCARCEST_LEVEL)
 
 
 def operator_rng(seed: int, question_id: str, operator: str) -> np.random.Generator:
@@ -37,9 +38,9 @@ def entity_pools(questions: list[CleanQuestion]) -> dict[str, list]:
     """Per template, the entity values its clean questions use: real, data-backed alternatives."""
     pools: dict[str, set] = {}
     for q in questions:
-        spec = q.template.noise.get("entity_slot")
-        if spec and isinstance(q.slots.get(spec["slot"]), str):
-            pools.setdefault(q.template.id, set()).add(q.slots[spec["slot"]])
+        entity = q.noise.entity_slot
+        if entity and isinstance(q.slots.get(entity.slot), str):
+            pools.setdefault(q.template.id, set()).add(q.slots[entity.slot])
     return {t: sorted(v) for t, v in pools.items()}
 
 
@@ -49,8 +50,8 @@ def load_questions(table: pa.Table, templates: list[Template]) -> list[CleanQues
 
 
 def run_operator(db: Database, q: CleanQuestion, name: str, seed: int, pools: dict) -> Candidate | None:
-    params = {"entity_pool": pools.get(q.template.id, [])}
-    return OPERATORS[name].fn(db, q, params, operator_rng(seed, q.question_id, name))
+    params = OperatorParams(tuple(pools.get(q.template.id, ())))
+    return OPERATORS[name].run(db, q, params, operator_rng(seed, q.question_id, name))
 
 
 def propose(db: Database, questions: list[CleanQuestion], seed: int,
@@ -66,7 +67,7 @@ def propose(db: Database, questions: list[CleanQuestion], seed: int,
     out: list[Candidate] = []
     for q in questions:
         rng = np.random.default_rng([seed, stable_int(q.question_id)])
-        admitted = [o for o in q.template.noise["operators"] if o in OPERATORS]
+        admitted = q.noise.operators
         order = [SCARCEST_LEVEL] + [OTHER_LEVELS[i] for i in rng.permutation(len(OTHER_LEVELS))]
         taken = 0
         for level in order:

@@ -1,17 +1,20 @@
-"""What the noise stage passes around: clean questions in, candidate pairs out."""
+"""What the noise stage passes around: clean questions in, operator proposals, candidate pairs out."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
 
 from pipeline.noise.overlay import Overlay
 from pipeline.questions.answers import AnswerError, normalise
-from pipeline.questions.templates import Template, render
+from pipeline.questions.templates import NoiseSpec, Template, render
 
-LEVELS = ("record", "value", "query")
-BEHAVIORS = ("answer", "abstain", "flag")
+if TYPE_CHECKING:
+    from pipeline.noise.registry import Operator
+
 AMBIGUOUS = "<ambiguous>"
+Behavior = Literal["answer", "abstain", "flag"]  # what a careful agent should do on the noisy side
 
 
 @dataclass(frozen=True)
@@ -28,7 +31,7 @@ class CleanQuestion:
     evidence: dict  # table -> sorted _rids
 
     @classmethod
-    def from_row(cls, row: dict, templates: dict[str, Template]) -> "CleanQuestion":
+    def from_row(cls, row: dict, templates: dict[str, Template]) -> CleanQuestion:
         return cls(row["question_id"], templates[row["template_id"]], json.loads(row["slots"]),
                    int(row["variant"]), row["question"], row["gold_sql"], row["answer"],
                    json.loads(row["evidence"]))
@@ -38,12 +41,12 @@ class CleanQuestion:
         return self.template.answer_type
 
     @property
-    def noise(self) -> dict:
+    def noise(self) -> NoiseSpec:
         return self.template.noise
 
     @property
     def evidence_table(self) -> str:
-        return self.template.noise["evidence_table"]
+        return self.template.noise.evidence_table
 
     def evidence_rids(self, table: str | None = None) -> list[int]:
         return list(self.evidence.get(table or self.evidence_table, []))
@@ -51,6 +54,13 @@ class CleanQuestion:
     def rerender(self, slots: dict) -> tuple[str, str, str]:
         """(question, gold_sql, evidence_sql) of this question's template and variant with ``slots``."""
         return render(self.template, slots, self.variant)
+
+
+@dataclass(frozen=True)
+class OperatorParams:
+    """What an operator may use beyond its question: data-backed alternatives from the whole run."""
+
+    entity_pool: tuple[str, ...] = ()  # the entity values of the template's clean questions
 
 
 @dataclass(frozen=True)
@@ -68,25 +78,32 @@ class Detector:
     clean_sql: str | None = None
 
 
-@dataclass
-class Candidate:
-    question: CleanQuestion
-    operator: str
-    noise_level: str
-    discrepancy: str
+@dataclass(frozen=True)
+class Proposal:
+    """What an operator decided for one question; the registry stamps it into a :class:`Candidate`."""
+
     overlay: Overlay
     noisy_question: str
     naive_sql: str
-    expected_behavior: str
+    expected_behavior: Behavior
     expected_answer: str | None
     detector: Detector
     change_log: list[str]
     noisy_slots: dict
 
+
+@dataclass(frozen=True)
+class Candidate(Proposal):
+    """A proposal stamped with the question it perturbs and the registered operator that made it
+    (its name, noise level, discrepancy category and Kahn dimension)."""
+
+    question: CleanQuestion
+    operator: Operator
+
     def fingerprint(self) -> str:
         """Everything the operator decided, as canonical text (the determinism check compares it)."""
         return json.dumps({
-            "operator": self.operator, "question": self.noisy_question, "naive_sql": self.naive_sql,
+            "operator": self.operator.name, "question": self.noisy_question, "naive_sql": self.naive_sql,
             "behavior": self.expected_behavior, "answer": self.expected_answer, "slots": self.noisy_slots,
             "changes": [[c.table, c.op, c.rid, c.column, c.new_value_json()] for c in self.overlay.changes],
             "detector": [self.detector.reason, self.detector.scope, self.detector.sql, self.detector.clean_sql],

@@ -21,9 +21,7 @@ import duckdb
 import pyarrow as pa
 
 from pipeline.schema import ROW_ID, TABLES
-from pipeline.staging import staged_path
-
-OPS = ("delete", "insert", "update")
+from pipeline.staging import attach_staged
 
 
 @dataclass(frozen=True)
@@ -66,9 +64,6 @@ class Overlay:
             grouped[c.table].append(c)
         return grouped
 
-    def touched_rids(self) -> dict[str, set[int]]:
-        return {t: {c.rid for c in cs} for t, cs in self.by_table().items()}
-
 
 class Database:
     """The staged base, loaded once, plus any number of overlays selectable by id.
@@ -88,13 +83,9 @@ class Database:
         self.con.execute("SET enable_progress_bar = false").fetchall()
         for schema in ("base", "patch"):
             self.con.execute(f"CREATE SCHEMA {schema}").fetchall()
-        self.tables: list[str] = []
-        for name in tables or TABLES:
-            path = staged_path(self.staged_dir, name)
-            if path.exists():
-                self.con.execute(f"CREATE TABLE base.{name} AS SELECT * FROM read_parquet('{path.as_posix()}')").fetchall()
-                self.con.execute(f"CREATE VIEW main.{name} AS SELECT * FROM base.{name}").fetchall()
-                self.tables.append(name)
+        self.tables = attach_staged(self.con, self.staged_dir, kind="TABLE", schema="base", tables=tables or None)
+        for name in self.tables:
+            self.con.execute(f"CREATE VIEW main.{name} AS SELECT * FROM base.{name}").fetchall()
         self.next_rid = {t: self.scalar(f"SELECT coalesce(max({ROW_ID}), -1) + 1 FROM base.{t}") for t in self.tables}
         self._overlaid: set[str] = set()
         self._names: set[str] = set()
@@ -162,7 +153,7 @@ class Database:
                              pa.Table.from_pylist([_coerce(r, schema) for r in patched[table]], schema=schema))
 
     @contextmanager
-    def noisy(self, overlay: Overlay) -> Iterator["Database"]:
+    def noisy(self, overlay: Overlay) -> Iterator[Database]:
         """Within the block, unqualified table names show the base with ``overlay`` applied."""
         oid = self.new_id()
         self.load({oid: overlay})

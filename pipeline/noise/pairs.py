@@ -12,21 +12,27 @@ import multiprocessing
 import os
 import time
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
 
 import pyarrow as pa
 
-from pipeline.noise.candidates import (DEFAULT_OPERATORS_PER_QUESTION, entity_pools, load_questions,
-                                       propose, run_operator)
+from pipeline.files import stable_int
+from pipeline.noise.candidates import (
+    DEFAULT_OPERATORS_PER_QUESTION,
+    entity_pools,
+    load_questions,
+    propose,
+    run_operator,
+)
+from pipeline.noise.export import PairRecord
 from pipeline.noise.model import Candidate
 from pipeline.noise.operators import OPERATORS
 from pipeline.noise.overlay import Database
 from pipeline.noise.verify import CHECKS, failed_checks, verify_candidates
-from pipeline.files import stable_int
-from pipeline.noise.bounds import register_bounds
+from pipeline.plausibility import register_bounds
 from pipeline.questions.templates import load_templates
-
 
 SHARDS_PER_WORKER = 4
 
@@ -40,7 +46,7 @@ class NoiseReport:
     seconds: float = 0.0
 
     @classmethod
-    def from_records(cls, records: list[dict], not_applicable: Counter | None = None) -> "NoiseReport":
+    def from_records(cls, records: list[dict], not_applicable: Counter | None = None) -> NoiseReport:
         report = cls(not_applicable=Counter(not_applicable or {}))
         for r in records:
             report.proposed[r["operator"]] += 1
@@ -61,47 +67,48 @@ class NoiseReport:
 
 
 def pair_record(c: Candidate, verification: dict, seed: int) -> dict:
-    """A candidate and its verification as one flat row (``changes`` is the overlay as JSON)."""
-    q = c.question
+    """A candidate and its verification as one :class:`PairRecord`, in the dict form the build and
+    the Dagster assets pass around (and read back from Parquet)."""
+    q, op = c.question, c.operator
     failed = failed_checks(verification)
-    return {
-        "verified": not failed,
-        "failed_check": failed[0] if failed else None,
-        "pair_id": f"{stable_int(seed, q.question_id, c.operator):016x}",
-        "seed": seed,
-        "question_id": q.question_id,
-        "template_id": q.template.id,
-        "intent": q.template.intent,
-        "level": q.template.level,
-        "noise_level": c.noise_level,
-        "operator": c.operator,
-        "clean_question": q.question,
-        "noisy_question": c.noisy_question,
-        "gold_sql": q.gold_sql,
-        "answer_type": q.answer_type,
-        "clean_answer": q.answer,
-        "naive_sql": c.naive_sql,
-        "expected_behavior": c.expected_behavior,
-        "expected_answer": c.expected_answer,
-        "discrepancy": c.discrepancy,
-        "evidence": json.dumps(q.evidence, sort_keys=True, separators=(",", ":")),
-        "verification": json.dumps(verification, sort_keys=True, separators=(",", ":"), default=str),
-        "change_log": json.dumps(c.change_log, ensure_ascii=False),
-        "noisy_slots": json.dumps(c.noisy_slots, sort_keys=True, ensure_ascii=False, default=str),
-        "changes": json.dumps([[ch.table, ch.op, ch.rid, ch.column, ch.new_value_json()]
-                               for ch in c.overlay.changes], ensure_ascii=False),
-    }
+    return asdict(PairRecord(
+        pair_id=f"{stable_int(seed, q.question_id, op.name):016x}",
+        seed=seed,
+        question_id=q.question_id,
+        template_id=q.template.id,
+        intent=q.template.intent,
+        level=q.template.level,
+        noise_level=op.level,
+        operator=op.name,
+        clean_question=q.question,
+        noisy_question=c.noisy_question,
+        gold_sql=q.gold_sql,
+        answer_type=q.answer_type,
+        clean_answer=q.answer,
+        naive_sql=c.naive_sql,
+        expected_behavior=c.expected_behavior,
+        expected_answer=c.expected_answer,
+        discrepancy=op.discrepancy,
+        evidence=json.dumps(q.evidence, sort_keys=True, separators=(",", ":")),
+        verification=json.dumps(verification, sort_keys=True, separators=(",", ":"), default=str),
+        change_log=json.dumps(c.change_log, ensure_ascii=False),
+        noisy_slots=json.dumps(c.noisy_slots, sort_keys=True, ensure_ascii=False, default=str),
+        verified=not failed,
+        failed_check=failed[0] if failed else None,
+        changes=json.dumps([[ch.table, ch.op, ch.rid, ch.column, ch.new_value_json()]
+                            for ch in c.overlay.changes], ensure_ascii=False),
+    ))
 
 
 def _shard(staged_dir: str, rows: list[dict], seed: int, per_question: int) -> tuple[list[dict], Counter]:
     templates = load_templates()
     db = Database(staged_dir)
     try:
-        register_bounds(db)
+        register_bounds(db.con, db.tables)
         questions = load_questions(pa.Table.from_pylist(rows), templates)
         pools = entity_pools(questions)
         candidates, proposal = propose(db, questions, seed, per_question)
-        records = verify_candidates(db, candidates, lambda c: run_operator(db, c.question, c.operator, seed, pools))
+        records = verify_candidates(db, candidates, lambda c: run_operator(db, c.question, c.operator.name, seed, pools))
     finally:
         db.close()
     return [pair_record(c, rec, seed) for c, rec in zip(candidates, records)], proposal.not_applicable
@@ -109,8 +116,11 @@ def _shard(staged_dir: str, rows: list[dict], seed: int, per_question: int) -> t
 
 def candidate_records(staged_dir: str | os.PathLike, questions: pa.Table, seed: int,
                       per_question: int = DEFAULT_OPERATORS_PER_QUESTION,
-                      workers: int | None = None) -> tuple[list[dict], NoiseReport]:
-    """Every candidate pair for the clean ``questions`` with its verification, sorted by pair_id."""
+                      workers: int | None = None,
+                      progress: Callable[[int, int, list[dict]], None] | None = None) -> tuple[list[dict], NoiseReport]:
+    """Every candidate pair for the clean ``questions`` with its verification, sorted by pair_id.
+
+    ``progress(shards_done, shards, records)`` is called as each shard finishes, with its records."""
     started = time.perf_counter()
     rows = questions.to_pylist()
     workers = max(1, min(workers or os.cpu_count() or 1, len(rows) or 1))
@@ -122,10 +132,15 @@ def candidate_records(staged_dir: str | os.PathLike, questions: pa.Table, seed: 
         shards[stable_int(r["template_id"]) % n_shards].append(r)
     if workers == 1:
         results = [_shard(str(staged_dir), shards[0], seed, per_question)]
+        if progress:
+            progress(1, 1, results[0][0])
     else:
         ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
             futures = [pool.submit(_shard, str(staged_dir), s, seed, per_question) for s in shards if s]
+            for done, future in enumerate(as_completed(futures), 1):
+                if progress:
+                    progress(done, len(futures), future.result()[0])
             results = [f.result() for f in futures]
     records = sorted((r for shard, _ in results for r in shard), key=lambda r: r["pair_id"])
     not_applicable: Counter = Counter()

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from typing import TYPE_CHECKING
 
 from pipeline.files import stable_int
+from pipeline.noise.registry import NOISE_LEVELS
 from pipeline.questions.templates import INTENTS
+
+if TYPE_CHECKING:
+    from pipeline.noise.vetoes import Vetoes
 
 MIN_SHARES = {"intent": 0.10, "noise_level": 0.25, "level": {"population": 0.25}}
 SPLITS = (("train", 0.7), ("dev", 0.1), ("test", 0.2))
@@ -15,7 +20,7 @@ def _minimums(dimension: str) -> dict[str, float]:
     rule = MIN_SHARES[dimension]
     if isinstance(rule, dict):
         return rule
-    values = INTENTS if dimension == "intent" else ("record", "value", "query")
+    values = INTENTS if dimension == "intent" else NOISE_LEVELS
     return {v: rule for v in values}
 
 
@@ -28,13 +33,18 @@ def violations(pairs: list[dict]) -> list[tuple[str, str]]:
     return out
 
 
-def select_pairs(pairs: list[dict], seed: int, per_template: int, per_question: int = 2) -> list[dict]:
+def select_pairs(pairs: list[dict], seed: int, per_template: int, per_question: int = 2,
+                 vetoes: Vetoes | None = None) -> list[dict]:
     """A deterministic, balanced subset of verified pairs.
 
     Pairs are ranked by a seeded hash; at most ``per_question`` per clean question (distinct noise
     levels first) and ``per_template`` per template are kept. While a minimum share is unmet,
     the lowest-ranked pairs of the most over-represented value of that dimension are dropped.
+    Pairs ``vetoes`` names (one by one or by template × operator family) are dropped first, so the
+    next pairs in the seeded order take their slots.
     """
+    if vetoes:
+        pairs = [p for p in pairs if vetoes.veto_of(p) is None]
     ranked = sorted(pairs, key=lambda p: stable_int(seed, p["pair_id"]))
     per_q: dict[str, list[dict]] = defaultdict(list)
     for p in ranked:

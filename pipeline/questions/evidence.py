@@ -3,75 +3,23 @@ pass the same checks the noise detectors use (SPEC §3: real MIMIC already holds
 
 Checks, each one SQL query over all candidates' evidence at once, first failing reason wins:
 missing value or timestamp, stop before start, duplicate event key (conflicting or exact),
-value outside the item's plausibility bounds (``plausibility.yaml``), unit other than the item's
-usual unit, value text contradicting the number, ICD code absent from its dictionary, broken
-hadm_id/stay_id link (or a null link while the time lies inside a stay), time outside the stay.
+value outside the item's plausibility bounds, unit other than the item's usual unit, value text
+contradicting the number, ICD code absent from its dictionary, broken hadm_id/stay_id link (or a
+null link while the time lies inside a stay), time outside the stay. The rules and bounds live
+in :mod:`pipeline.plausibility`, shared with the noise stage.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-
 import duckdb
 import pyarrow as pa
-import yaml
 
-from pipeline.schema import EVENT_TIMES, TABLES
-
-BOUNDS_FILE = Path(__file__).with_name("plausibility.yaml")
-
-
-@dataclass(frozen=True)
-class Rule:
-    """How to judge one table's rows: event identity, value, times, dictionaries."""
-
-    key: tuple[str, ...]
-    value: str | None = None
-    time: str | None = None
-    end: str | None = None
-    unit: str | None = None
-    items: str | None = None  # item dictionary, for bounds by label
-    text: str | None = None  # free-text twin of a numeric value
-    codes: str | None = None  # ICD dictionary
-
-
-RULES: dict[str, Rule] = {
-    "labevents": Rule(("subject_id", "itemid", "charttime"), "valuenum", "charttime",
-                      unit="valueuom", items="d_labitems", text="value"),
-    "chartevents": Rule(("stay_id", "itemid", "charttime"), "valuenum", "charttime",
-                        unit="valueuom", items="d_items", text="value"),
-    "outputevents": Rule(("stay_id", "itemid", "charttime"), "value", "charttime", unit="valueuom",
-                         items="d_items"),
-    "inputevents": Rule(("orderid", "itemid"), "amount", "starttime", "endtime", "amountuom", "d_items"),
-    "datetimeevents": Rule(("stay_id", "itemid", "charttime"), "value", "charttime"),
-    "procedureevents": Rule(("orderid",), "value", "starttime", "endtime"),
-    "prescriptions": Rule(("pharmacy_id", "drug"), None, "starttime", "stoptime"),
-    "emar": Rule(("emar_id",), None, "charttime"),
-    "diagnoses_icd": Rule(("hadm_id", "seq_num", "icd_code", "icd_version"), "icd_code", codes="d_icd_diagnoses"),
-    "procedures_icd": Rule(("hadm_id", "seq_num", "icd_code", "icd_version"), "icd_code", "chartdate",
-                           codes="d_icd_procedures"),
-    "microbiologyevents": Rule(("microevent_id",), None, "chartdate"),
-    "hcpcsevents": Rule(("hadm_id", "hcpcs_cd", "seq_num"), "hcpcs_cd", "chartdate"),
-    "admissions": Rule(("hadm_id",), None, "admittime", "dischtime"),
-    "icustays": Rule(("stay_id",), None, "intime", "outtime"),
-    "transfers": Rule(("transfer_id",), None, "intime", "outtime"),
-    "patients": Rule(("subject_id",)),
-    "services": Rule(("hadm_id", "transfertime", "curr_service"), None, "transfertime"),
-}
+from pipeline.plausibility import PARENT_TIME, RULES, Rule
+from pipeline.schema import TABLES
 
 REASONS = ("no_evidence", "missing_value", "missing_timestamp", "temporal_inversion",
            "duplicate_conflict", "duplicate_exact", "implausible_value", "unit_mismatch",
            "value_text_conflict", "invalid_code", "orphan_link", "time_outside_stay")
-_PARENT_TIME = dict(((t, c), p) for t, c, p in EVENT_TIMES)
-
-
-def load_bounds(con: duckdb.DuckDBPyConnection) -> None:
-    """Register the plausibility table as ``_bounds`` on ``con``."""
-    rows = yaml.safe_load(BOUNDS_FILE.read_text(encoding="utf-8"))
-    con.register("_bounds", pa.Table.from_pylist(
-        rows, schema=pa.schema([("table", pa.string()), ("label", pa.string()),
-                                ("low", pa.float64()), ("high", pa.float64())])))
 
 
 def _checks(table: str, rule: Rule, present: set[str]) -> list[str]:
@@ -114,13 +62,13 @@ def _checks(table: str, rule: Rule, present: set[str]) -> list[str]:
         if rule.time:
             q.append(f"""SELECT e.cand, 'orphan_link' FROM e JOIN admissions a ON a.subject_id = e.subject_id
                          WHERE e.hadm_id IS NULL AND {inside}""")
-        if _PARENT_TIME.get((table, rule.time)) == "admissions":
+        if PARENT_TIME.get((table, rule.time)) == "admissions":
             q.append(f"""SELECT e.cand, 'time_outside_stay' FROM e JOIN admissions a ON a.hadm_id = e.hadm_id
                          WHERE NOT ({inside})""")
     if t.has("stay_id") and table != "icustays" and "icustays" in present:
         q.append("""SELECT e.cand, 'orphan_link' FROM e LEFT JOIN icustays i ON i.stay_id = e.stay_id
                      WHERE i.hadm_id IS DISTINCT FROM e.hadm_id""")
-        if _PARENT_TIME.get((table, rule.time)) == "icustays":
+        if PARENT_TIME.get((table, rule.time)) == "icustays":
             q.append(f"""SELECT e.cand, 'time_outside_stay' FROM e JOIN icustays i ON i.stay_id = e.stay_id
                          WHERE e.{rule.time} NOT BETWEEN i.intime AND i.outtime""")
     return q

@@ -20,19 +20,18 @@ from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from itertools import repeat
-from pathlib import Path
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 
 from pipeline.files import stable_int, write_parquet
+from pipeline.plausibility import load_bounds
 from pipeline.questions.answers import AnswerError, normalise
-from pipeline.questions.evidence import check_evidence, load_bounds
+from pipeline.questions.evidence import check_evidence
 from pipeline.questions.samplers import SAMPLERS
 from pipeline.questions.templates import Template, load_templates, render
-from pipeline.schema import TABLES
-from pipeline.staging import staged_path
+from pipeline.staging import attach_staged, staged_tables
 
 DEFAULT_PER_TEMPLATE = 40
 OVERSAMPLE = 3
@@ -70,26 +69,13 @@ class QuestionReport:
 
 
 def open_staged(staged_dir: str | os.PathLike) -> tuple[duckdb.DuckDBPyConnection, set[str]]:
-    """An in-memory DuckDB with one view per staged table, named as in MIMIC-IV, and the bounds.
-    Dictionaries (``d_*``, the same size on the demo and on full MIMIC-IV) are loaded as tables:
-    nearly every gold query joins one, and re-scanning their Parquet dominated query time."""
+    """An in-memory DuckDB with every staged table loaded under its MIMIC-IV name, and the bounds:
+    generation runs thousands of small gold queries, and re-scanning Parquet dominated their time."""
     con = duckdb.connect()
     con.execute("SET enable_progress_bar = false")
-    present = set()
-    for name in TABLES:
-        path = staged_path(staged_dir, name)
-        if path.is_file():
-            kind = "TABLE"
-            con.execute(f"CREATE {kind} {name} AS SELECT * FROM read_parquet('{_quote(path)}')")
-            present.add(name)
-    if not present:
-        raise FileNotFoundError(f"no staged tables (<table>.parquet) in {staged_dir}")
+    present = set(attach_staged(con, staged_dir, kind="TABLE", tables=staged_tables(staged_dir)))
     load_bounds(con)
     return con, present
-
-
-def _quote(path: Path) -> str:
-    return str(path).replace("'", "''")
 
 
 def _json(value) -> str:
@@ -267,6 +253,7 @@ def _results(staged_dir, seed: int, templates: list[Template], per_template: int
         finally:
             con.close()
         return
+    staged_tables(staged_dir)  # fail here, with the folder named, not as a broken worker pool
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init,
                              initargs=(str(staged_dir),)) as pool:

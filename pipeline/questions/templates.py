@@ -4,38 +4,32 @@ Every problem is reported as a :class:`TemplateError` naming the file and templa
 contributor adding a template learns exactly what to fix. Question text renders slot values as
 they are; SQL renders them only through the ``sql`` filter (a quoted literal) -- a bare
 ``{{ slot }}`` holding a string in SQL is refused at render time, so no value is ever spliced
-into SQL unquoted.
+into SQL unquoted. The ``noise:`` block becomes a :class:`NoiseSpec`; the operators it admits
+must be registered (:mod:`pipeline.noise.registry`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import jinja2
 import jinja2.meta
 import yaml
 
+from pipeline.package_data import templates_dir
 from pipeline.questions.samplers import SAMPLERS
 from pipeline.schema import TABLES
 
 INTENTS = ("encounters", "diagnoses", "procedures", "medications", "laboratory", "icu_monitoring")
-LEVELS = ("patient", "population")
+QUESTION_LEVELS = ("patient", "population")  # what a question is about (noise levels: pipeline.noise.registry)
 ANSWER_TYPES = ("number", "integer", "boolean", "text", "list", "set", "date", "datetime")
-OPERATORS = (
-    "drop_evidence", "duplicate_exact", "duplicate_conflict", "orphan_link", "time_displaced",
-    "missing_timestamp", "unit_scale", "implausible_value", "unit_label_mismatch",
-    "value_text_conflict", "invalid_code", "temporal_inversion", "absent_event",
-    "nonexistent_entity", "misspelled_entity", "window_outside_record", "false_premise",
-    "ambiguous_reference",
-)
-TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
+TEMPLATES_DIR = templates_dir()  # the repository's templates/, shipped as pipeline.templates
 
 _REQUIRED = ("id", "intent", "level", "questions", "gold_sql", "evidence_sql", "slots",
              "answer_type", "requires", "noise")
-_NOISE_KEYS = ("evidence_table", "value_column", "time_column", "entity_slot", "window", "operators")
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when available: 10x faster
 _ID = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -81,6 +75,27 @@ class Slot:
     params: dict
 
 
+@dataclass(frozen=True)
+class EntitySlot:
+    """The slot naming a dictionary entry (a lab, drug, diagnosis) and where such names live."""
+
+    slot: str
+    dictionary: str  # the table holding the names
+    column: str  # its column of names
+
+
+@dataclass(frozen=True)
+class NoiseSpec:
+    """A template's ``noise:`` block: where its answer's evidence lives and which operators it admits."""
+
+    evidence_table: str
+    operators: tuple[str, ...]
+    value_column: str | None = None  # default: the evidence table's value column (pipeline.plausibility)
+    time_column: str | None = None  # default: the evidence table's time column
+    entity_slot: EntitySlot | None = None
+    window: tuple[str, ...] = ()  # slots bounding the question in time (e.g. a year)
+
+
 @dataclass
 class Template:
     id: str
@@ -92,7 +107,7 @@ class Template:
     slots: list[Slot]
     answer_type: str
     requires: list[str]
-    noise: dict
+    noise: NoiseSpec
     source_file: str = ""
     _compiled: dict = field(default_factory=dict, repr=False)
 
@@ -164,8 +179,8 @@ def _parse(raw, file: str, index: int) -> Template:
         fail("id must be snake_case")
     if raw["intent"] not in INTENTS:
         fail(f"intent {raw['intent']!r} is not one of {', '.join(INTENTS)}")
-    if raw["level"] not in LEVELS:
-        fail(f"level {raw['level']!r} is not one of {', '.join(LEVELS)}")
+    if raw["level"] not in QUESTION_LEVELS:
+        fail(f"level {raw['level']!r} is not one of {', '.join(QUESTION_LEVELS)}")
     if raw["answer_type"] not in ANSWER_TYPES:
         fail(f"answer_type {raw['answer_type']!r} is not one of {', '.join(ANSWER_TYPES)}")
     questions = raw["questions"]
@@ -191,9 +206,9 @@ def _parse(raw, file: str, index: int) -> Template:
                 fail(f"{label} uses unknown slot(s) {sorted(used - names)}; slots are {sorted(names)}")
     if "_rid" in raw["gold_sql"]:
         fail("gold_sql must not use _rid (agents never see it)")
-    _check_noise(raw["noise"], names, fail)
+    noise = _parse_noise(raw["noise"], names, fail)
     return Template(tid, raw["intent"], raw["level"], questions, raw["gold_sql"], raw["evidence_sql"],
-                    slots, raw["answer_type"], requires, raw["noise"], file)
+                    slots, raw["answer_type"], requires, noise, file)
 
 
 def _parse_slots(raw, fail) -> list[Slot]:
@@ -218,24 +233,38 @@ def _parse_slots(raw, fail) -> list[Slot]:
     return slots
 
 
-def _check_noise(noise, names: set[str], fail) -> None:
+def _parse_noise(noise, names: set[str], fail) -> NoiseSpec:
+    keys = [f.name for f in fields(NoiseSpec)]
     if not isinstance(noise, dict):
         fail("noise must be a mapping")
-    unknown = sorted(set(noise) - set(_NOISE_KEYS))
+    unknown = sorted(set(noise) - set(keys))
     if unknown or "evidence_table" not in noise or "operators" not in noise:
-        fail(f"noise needs evidence_table and operators; allowed keys {list(_NOISE_KEYS)}; unknown {unknown}")
-    if noise["evidence_table"] not in TABLES:
-        fail(f"noise.evidence_table {noise['evidence_table']!r} is not a MIMIC-IV table")
+        fail(f"noise needs evidence_table and operators; allowed keys {keys}; unknown {unknown}")
+    table = noise["evidence_table"]
+    if table not in TABLES:
+        fail(f"noise.evidence_table {table!r} is not a MIMIC-IV table")
     for key in ("value_column", "time_column"):
-        if noise.get(key) is not None and not TABLES[noise["evidence_table"]].has(noise[key]):
-            fail(f"noise.{key} {noise[key]!r} is not a column of {noise['evidence_table']}")
-    bad_ops = [o for o in noise["operators"] or [] if o not in OPERATORS]
-    if not noise["operators"] or bad_ops:
-        fail(f"noise.operators must be a non-empty list of known operators; unknown: {bad_ops}")
+        if noise.get(key) is not None and not TABLES[table].has(noise[key]):
+            fail(f"noise.{key} {noise[key]!r} is not a column of {table}")
+    # The registry is filled by the operator modules, which render templates: import it on use.
+    from pipeline.noise.operators import OPERATORS
+
+    operators = noise["operators"]
+    if not isinstance(operators, list) or not operators:
+        fail("noise.operators must be a non-empty list of operator names")
+    unregistered = [o for o in operators if o not in OPERATORS]
+    if unregistered:
+        fail(f"noise.operators names unknown operator(s) {unregistered}; known: {', '.join(sorted(OPERATORS))}")
     entity = noise.get("entity_slot")
-    if entity is not None and (not isinstance(entity, dict) or entity.get("slot") not in names
-                               or entity.get("dictionary") not in TABLES):
-        fail("noise.entity_slot must be {slot: <a slot>, dictionary: <table>, column: <column>}")
-    bad_window = [w for w in noise.get("window") or [] if w not in names]
-    if bad_window:
-        fail(f"noise.window names unknown slot(s) {bad_window}")
+    if entity is not None:
+        if (not isinstance(entity, dict) or set(entity) - {"slot", "dictionary", "column"}
+                or entity.get("slot") not in names or entity.get("dictionary") not in TABLES):
+            fail("noise.entity_slot must be {slot: <a slot>, dictionary: <table>, column: <column>}")
+        entity = EntitySlot(entity["slot"], entity["dictionary"], entity.get("column", entity["slot"]))
+    window = noise.get("window") or []
+    if not isinstance(window, list):
+        fail("noise.window must be a list of slots")
+    if set(window) - names:
+        fail(f"noise.window names unknown slot(s) {sorted(set(window) - names)}")
+    return NoiseSpec(table, tuple(operators), noise.get("value_column"), noise.get("time_column"), entity,
+                     tuple(window))

@@ -18,6 +18,7 @@ from pathlib import Path
 import duckdb
 
 from pipeline.schema import HOSP, ICU, TABLES, Table
+from pipeline.sql import path_literal
 from pipeline.staging import StagingError, TableSink
 
 BATCH_ROWS = 1 << 18
@@ -90,7 +91,7 @@ def _explain(path: Path, t: Table, exc: Exception) -> StagingError:
 def read_csv_sql(path: Path, t: Table) -> str:
     columns = ", ".join(f"'{c.name}': '{c.type}'" for c in t.columns)
     return (
-        f"SELECT * FROM read_csv('{path.as_posix()}', columns={{{columns}}}, header=true, "
+        f"SELECT * FROM read_csv({path_literal(path)}, columns={{{columns}}}, header=true, "
         "auto_detect=false, delim=',', quote='\"', escape='\"', nullstr='', "
         "strict_mode=true, null_padding=false, parallel=false)"
     )

@@ -1,43 +1,13 @@
-"""The operator registry: every perturbation is a plain function with one signature,
+"""The perturbation operators, one module per kind of noise. Importing this package imports
+every module in it, so its :data:`OPERATORS` is the whole registry (:mod:`pipeline.noise.registry`):
+a new operator needs nothing beyond its module."""
 
-    operator(db: Database, question: CleanQuestion, params: dict, rng: numpy Generator) -> Candidate | None
+import importlib
+import pkgutil
 
-registered here with its level and discrepancy category. ``None`` means "does not apply to this
-question" (counted, never an error). Operators only propose; :mod:`pipeline.noise.verify` decides.
-"""
+from pipeline.noise.registry import OPERATORS
 
-from __future__ import annotations
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
-OperatorFn = Callable[..., object]
-
-
-@dataclass(frozen=True)
-class OperatorSpec:
-    name: str
-    level: str  # record | value | query
-    discrepancy: str  # category an agent should name when it flags or abstains
-    kahn: str  # Kahn et al. data-quality dimension it breaks
-    fn: OperatorFn
-    doc: str
-
-
-OPERATORS: dict[str, OperatorSpec] = {}
-
-
-def operator(name: str, level: str, discrepancy: str, kahn: str):
-    def register(fn: OperatorFn) -> OperatorFn:
-        if name in OPERATORS:
-            raise ValueError(f"operator {name!r} registered twice")
-        OPERATORS[name] = OperatorSpec(name, level, discrepancy, kahn, fn, (fn.__doc__ or "").strip())
-        return fn
-    return register
-
-
-def _load() -> None:
-    from pipeline.noise.operators import query, record, value  # noqa: F401  (registration)
-
-
-_load()
+__all__ = ["OPERATORS"]

@@ -1,4 +1,4 @@
-"""Helpers the operators share: evidence rows, re-rendered answers, candidate assembly."""
+"""Helpers the operators share: evidence rows, re-rendered answers, record-level proposals."""
 
 from __future__ import annotations
 
@@ -6,23 +6,22 @@ import datetime as dt
 
 import numpy as np
 
-from pipeline.noise.model import Candidate, CleanQuestion, Detector, answer_of
+from pipeline.noise.model import Behavior, CleanQuestion, Detector, Proposal, answer_of
 from pipeline.noise.overlay import Change, Database, Overlay
-from pipeline.questions.evidence import RULES
+from pipeline.plausibility import RULES
 from pipeline.schema import ROW_ID, TABLES
 
-NUMERIC = ("number",)
 UNANSWERABLE_WHEN_EMPTY = ("number", "text", "date", "datetime", "list", "set")
 
 
 def value_column(q: CleanQuestion) -> str | None:
     rule = RULES.get(q.evidence_table)
-    return q.noise.get("value_column") or (rule.value if rule else None)
+    return q.noise.value_column or (rule.value if rule else None)
 
 
 def time_column(q: CleanQuestion) -> str | None:
     rule = RULES.get(q.evidence_table)
-    return q.noise.get("time_column") or (rule.time if rule else None)
+    return q.noise.time_column or (rule.time if rule else None)
 
 
 def evidence_rows(db: Database, q: CleanQuestion) -> list[dict]:
@@ -59,14 +58,14 @@ def update(table: str, row: dict, column: str, value) -> Change:
     return Change(table, "update", row[ROW_ID], column, value)
 
 
-def record_candidate(q: CleanQuestion, spec_name: str, level: str, discrepancy: str, overlay: Overlay,
-                     behavior: str, expected: str | None, reason: str, log: list[str]) -> Candidate:
-    """A record/value-level candidate: same question and SQL, perturbed rows, detected by ``reason``
+def record_proposal(q: CleanQuestion, overlay: Overlay, behavior: Behavior, expected: str | None,
+                    reason: str | None, log: list[str]) -> Proposal:
+    """A record/value-level proposal: same question and SQL, perturbed rows, detected by ``reason``
     on the evidence plus any inserted rows."""
     scope = {q.evidence_table: sorted(set(q.evidence_rids()) | {c.rid for c in overlay.changes
                                                                   if c.op == "insert"})}
-    return Candidate(q, spec_name, level, discrepancy, overlay, q.question, q.gold_sql, behavior,
-                     expected, Detector(reason=reason, scope=scope), log, dict(q.slots))
+    return Proposal(overlay, q.question, q.gold_sql, behavior, expected, Detector(reason=reason, scope=scope),
+                    log, dict(q.slots))
 
 
 def text_of(number: float, like: str | None) -> str:

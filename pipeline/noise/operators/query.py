@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 
-from pipeline.noise.model import Candidate, Detector
-from pipeline.noise.operators import operator
+from pipeline.noise.model import Detector, Proposal
 from pipeline.noise.operators.common import UNANSWERABLE_WHEN_EMPTY, gold_answer, pick
 from pipeline.noise.overlay import Overlay
+from pipeline.noise.registry import operator
 from pipeline.questions.templates import sql_literal
 
 SYLLABLES = (["Zor", "Vel", "Tri", "Quan", "Bex", "Lum", "Dra", "Nix", "Pel", "Sor", "Kav", "Mir"],
@@ -22,20 +22,22 @@ KIND_WORDS = {"d_icd_diagnoses": ["syndrome", "disease"], "d_icd_procedures": ["
 
 def _entity(q):
     """(slot, dictionary, column, value) of the question's named entity, if it has a text one."""
-    spec = q.noise.get("entity_slot")
-    if not spec or not isinstance(q.slots.get(spec["slot"]), str):
+    entity = q.noise.entity_slot
+    if entity is None or not isinstance(q.slots.get(entity.slot), str):
         return None
-    return spec["slot"], spec["dictionary"], spec.get("column", spec["slot"]), q.slots[spec["slot"]]
+    return entity.slot, entity.dictionary, entity.column, q.slots[entity.slot]
 
 
 def _patient_slot(q) -> str | None:
     return next((s.name for s in q.template.slots if s.sampler == "patient"), None)
 
 
-def _candidate(q, name, discrepancy, slots, behavior, expected, detector_sql, clean_sql, log) -> Candidate:
+def _proposal(q, slots, behavior, expected, detector_sql, clean_sql, log) -> Proposal:
+    """The question re-rendered with ``slots`` on clean data, detected by ``detector_sql`` (which
+    must not fire for the clean question's ``clean_sql``)."""
     question, gold, _ = q.rerender(slots)
-    return Candidate(q, name, "query", discrepancy, Overlay(), question, gold, behavior, expected,
-                     Detector(sql=detector_sql, clean_sql=clean_sql), log, slots)
+    return Proposal(Overlay(), question, gold, behavior, expected, Detector(sql=detector_sql, clean_sql=clean_sql),
+                    log, slots)
 
 
 def _evidence_empty_sql(db, q, slots, dictionary, column, value) -> str:
@@ -44,21 +46,21 @@ def _evidence_empty_sql(db, q, slots, dictionary, column, value) -> str:
             f"AND (SELECT count(*) FROM ({evidence}) AS ev) = 0 THEN 1 ELSE 0 END")
 
 
-@operator("absent_event", "query", "absent_event", "completeness")
+@operator(level="query", discrepancy="absent_event", kahn="completeness")
 def absent_event(db, q, params, rng):
     """Ask about a real entity this patient never had: no supported answer, so abstain."""
     entity = _entity(q)
     if entity is None or q.template.level != "patient" or q.answer_type not in UNANSWERABLE_WHEN_EMPTY:
         return None
     slot, dictionary, column, value = entity
-    pool = [v for v in params.get("entity_pool", []) if v != value]
+    pool = [v for v in params.entity_pool if v != value]
     for other in [pool[i] for i in rng.permutation(len(pool))[:6]]:
         slots = {**q.slots, slot: other}
         sql = _evidence_empty_sql(db, q, slots, dictionary, column, other)
         if db.scalar(sql) == 1:
-            return _candidate(q, "absent_event", "absent_event", slots, "abstain", None, sql,
-                              _evidence_empty_sql(db, q, q.slots, dictionary, column, value),
-                              [f"{slot}: {value!r} -> {other!r} (never recorded for this patient)"])
+            return _proposal(q, slots, "abstain", None, sql,
+                             _evidence_empty_sql(db, q, q.slots, dictionary, column, value),
+                             [f"{slot}: {value!r} -> {other!r} (never recorded for this patient)"])
     return None
 
 
@@ -84,7 +86,7 @@ def _near_names_sql(db, dictionary: str, column: str, name: str) -> str:
             f"WHERE len BETWEEN {len(name) - 2} AND {len(name) + 2} AND ({contains}))")
 
 
-@operator("nonexistent_entity", "query", "nonexistent_entity", "conformance: value")
+@operator(level="query", discrepancy="nonexistent_entity", kahn="conformance: value")
 def nonexistent_entity(db, q, params, rng):
     """Ask about an invented lab, drug or condition (or a patient id that does not exist)."""
     entity = _entity(q)
@@ -95,9 +97,9 @@ def nonexistent_entity(db, q, params, rng):
             if db.rows(_near_names_sql(db, dictionary, column, name))[0] == (0, 0):
                 missing = (f"SELECT CASE WHEN count(*) = 0 THEN 1 ELSE 0 END "
                            f"FROM {db.names(dictionary, column)} WHERE name = ")
-                return _candidate(q, "nonexistent_entity", "nonexistent_entity", {**q.slots, slot: name},
-                                  "abstain", None, missing + sql_literal(name), missing + sql_literal(value),
-                                  [f"{slot}: {value!r} -> {name!r} (no such entry in {dictionary})"])
+                return _proposal(q, {**q.slots, slot: name}, "abstain", None,
+                                 missing + sql_literal(name), missing + sql_literal(value),
+                                 [f"{slot}: {value!r} -> {name!r} (no such entry in {dictionary})"])
         return None
     slot = _patient_slot(q)
     if slot is None:
@@ -106,9 +108,9 @@ def nonexistent_entity(db, q, params, rng):
         subject = int(rng.integers(10_000_000, 20_000_000))
         if not db.scalar(f"SELECT count(*) FROM patients WHERE subject_id = {subject}"):
             missing = "SELECT CASE WHEN count(*) = 0 THEN 1 ELSE 0 END FROM patients WHERE subject_id = "
-            return _candidate(q, "nonexistent_entity", "nonexistent_entity", {**q.slots, slot: subject},
-                              "abstain", None, missing + str(subject), missing + str(int(q.slots[slot])),
-                              [f"{slot}: {q.slots[slot]} -> {subject} (no such patient)"])
+            return _proposal(q, {**q.slots, slot: subject}, "abstain", None,
+                             missing + str(subject), missing + str(int(q.slots[slot])),
+                             [f"{slot}: {q.slots[slot]} -> {subject} (no such patient)"])
     return None
 
 
@@ -126,7 +128,7 @@ def _typo(rng, text: str) -> str | None:
     return text[:i] + text[i] + text[i:]  # double a letter
 
 
-@operator("misspelled_entity", "query", "misspelled_entity", "conformance: value")
+@operator(level="query", discrepancy="misspelled_entity", kahn="conformance: value")
 def misspelled_entity(db, q, params, rng):
     """Misspell the entity so that exactly one dictionary name is within two edits: a careful
     agent resolves it and answers as on the clean question."""
@@ -138,17 +140,17 @@ def misspelled_entity(db, q, params, rng):
     for _ in range(4):
         typo = _typo(rng, value)
         if typo and typo.lower() != value.lower() and db.rows(_near_names_sql(db, dictionary, column, typo))[0] == (0, 1):
-            return _candidate(q, "misspelled_entity", "misspelled_entity", {**q.slots, slot: typo}, "answer",
-                              q.answer, flag.format(_near_names_sql(db, dictionary, column, typo)),
-                              flag.format(_near_names_sql(db, dictionary, column, value)),
-                              [f"{slot}: {value!r} -> {typo!r}"])
+            return _proposal(q, {**q.slots, slot: typo}, "answer", q.answer,
+                             flag.format(_near_names_sql(db, dictionary, column, typo)),
+                             flag.format(_near_names_sql(db, dictionary, column, value)),
+                             [f"{slot}: {value!r} -> {typo!r}"])
     return None
 
 
-@operator("window_outside_record", "query", "window_outside_record", "plausibility: temporal")
+@operator(level="query", discrepancy="window_outside_record", kahn="plausibility: temporal")
 def window_outside_record(db, q, params, rng):
     """Move the question's year to one with no hospital stay at all (for this patient, or anyone)."""
-    year_slot = next((s.name for s in q.template.slots if s.sampler == "year" and s.name in (q.noise.get("window") or [])), None)
+    year_slot = next((s.name for s in q.template.slots if s.sampler == "year" and s.name in q.noise.window), None)
     if year_slot is None:
         return None
     patient = _patient_slot(q)
@@ -161,12 +163,12 @@ def window_outside_record(db, q, params, rng):
     overlap = ("SELECT CASE WHEN count(*) = 0 THEN 1 ELSE 0 END FROM admissions "
                f"WHERE {'subject_id = ' + str(int(q.slots[patient])) + ' AND ' if patient else ''}"
                "year(admittime) <= {y} AND year(dischtime) >= {y}")
-    return _candidate(q, "window_outside_record", "window_outside_record", {**q.slots, year_slot: year},
-                      "abstain", None, overlap.format(y=year), overlap.format(y=int(q.slots[year_slot])),
-                      [f"{year_slot}: {q.slots[year_slot]} -> {year} (record spans {first}-{last})"])
+    return _proposal(q, {**q.slots, year_slot: year}, "abstain", None,
+                     overlap.format(y=year), overlap.format(y=int(q.slots[year_slot])),
+                     [f"{year_slot}: {q.slots[year_slot]} -> {year} (record spans {first}-{last})"])
 
 
-@operator("false_premise", "query", "false_premise", "plausibility: temporal")
+@operator(level="query", discrepancy="false_premise", kahn="plausibility: temporal")
 def false_premise(db, q, params, rng):
     """Ask the same question about another real patient for whom the stay or event it presupposes
     never happened (e.g. an ICU stay, a second admission, the drug in that stay): reject the premise."""
@@ -180,9 +182,8 @@ def false_premise(db, q, params, rng):
         slots = {**q.slots, slot: other}
         sql = _premise_sql(q, slots, slot)
         if db.scalar(sql) == 1:
-            return _candidate(q, "false_premise", "false_premise", slots, "abstain", None, sql,
-                              _premise_sql(q, q.slots, slot),
-                              [f"{slot}: {q.slots[slot]} -> {other} (has no record of what the question presupposes)"])
+            return _proposal(q, slots, "abstain", None, sql, _premise_sql(q, q.slots, slot),
+                             [f"{slot}: {q.slots[slot]} -> {other} (has no record of what the question presupposes)"])
     return None
 
 
@@ -193,7 +194,7 @@ def _premise_sql(q, slots: dict, slot: str) -> str:
             f"AND (SELECT count(*) FROM ({evidence}) AS ev) = 0 THEN 1 ELSE 0 END")
 
 
-@operator("ambiguous_reference", "query", "ambiguous_reference", "conformance: value")
+@operator(level="query", discrepancy="ambiguous_reference", kahn="conformance: value")
 def ambiguous_reference(db, q, params, rng):
     """Name the entity by a generic word that several dictionary entries share, with different
     answers: the agent should flag the ambiguity and name the readings."""
@@ -223,6 +224,6 @@ def ambiguous_reference(db, q, params, rng):
                  f"count(*) FILTER (WHERE lname LIKE '%' || lower({{t}}) || '%') >= 2 "
                  f"THEN 1 ELSE 0 END FROM {table}")
     expected = json.dumps(readings, ensure_ascii=False, separators=(",", ":"))
-    return _candidate(q, "ambiguous_reference", "ambiguous_reference", {**q.slots, slot: term}, "flag", expected,
-                      ambiguous.format(t=sql_literal(term)), ambiguous.format(t=sql_literal(value)),
-                      [f"{slot}: {value!r} -> {term!r} (matches {', '.join(n for n, _ in readings)})"])
+    return _proposal(q, {**q.slots, slot: term}, "flag", expected,
+                     ambiguous.format(t=sql_literal(term)), ambiguous.format(t=sql_literal(value)),
+                     [f"{slot}: {value!r} -> {term!r} (matches {', '.join(n for n, _ in readings)})"])

@@ -4,20 +4,31 @@ from __future__ import annotations
 
 import datetime as dt
 
-from pipeline.noise.model import Candidate, Detector
-from pipeline.noise.operators import operator
+from pipeline.noise.model import Detector, Proposal
 from pipeline.noise.operators.common import (
-    UNANSWERABLE_WHEN_EMPTY, copy_row, evidence_rows, has_column, pick, record_candidate, shifted,
-    text_of, time_column, update, value_column, without)
+    UNANSWERABLE_WHEN_EMPTY,
+    copy_row,
+    evidence_rows,
+    has_column,
+    pick,
+    record_proposal,
+    shifted,
+    text_of,
+    time_column,
+    update,
+    value_column,
+    without,
+)
 from pipeline.noise.overlay import Change, Overlay
-from pipeline.questions.evidence import RULES
+from pipeline.noise.registry import operator
+from pipeline.plausibility import PARENT_TIME, RULES
 from pipeline.questions.templates import sql_literal
-from pipeline.schema import EVENT_TIMES, ROW_ID
+from pipeline.schema import ROW_ID
 
-_PARENT = {(t, c): p for t, c, p in EVENT_TIMES}
+CONFLICT_FACTORS = (0.6, 0.75, 1.3, 1.5)  # a twin's value: different, yet plausible
 
 
-@operator("drop_evidence", "record", "missing_evidence", "completeness")
+@operator(level="record", discrepancy="missing_evidence", kahn="completeness")
 def drop_evidence(db, q, params, rng):
     """Delete every evidence row: no supported answer remains, so the agent should abstain."""
     if q.answer_type not in UNANSWERABLE_WHEN_EMPTY or not q.evidence_rids():
@@ -29,25 +40,23 @@ def drop_evidence(db, q, params, rng):
     with db.noisy(overlay):
         if db.scalar(empty) != 1:  # other rows step in (the "last" one is now another): an answer remains
             return None
-    return Candidate(q, "drop_evidence", "record", "missing_evidence", overlay, q.question, q.gold_sql,
-                     "abstain", None, Detector(sql=empty, clean_sql=empty),
-                     [f"deleted {len(overlay.changes)} {q.evidence_table} row(s) the answer rests on"],
-                     dict(q.slots))
+    return Proposal(overlay, q.question, q.gold_sql, "abstain", None, Detector(sql=empty, clean_sql=empty),
+                    [f"deleted {len(overlay.changes)} {q.evidence_table} row(s) the answer rests on"],
+                    dict(q.slots))
 
 
-@operator("duplicate_exact", "record", "duplicate_record", "plausibility: uniqueness")
+@operator(level="record", discrepancy="duplicate_record", kahn="plausibility: uniqueness")
 def duplicate_exact(db, q, params, rng):
     """Insert an exact copy of one evidence row; the supported answer is the de-duplicated one."""
     row = pick(rng, evidence_rows(db, q))
     if row is None:
         return None
     change = copy_row(db, q.evidence_table, row)
-    return record_candidate(q, "duplicate_exact", "record", "duplicate_record", Overlay([change]), "flag",
-                            q.answer, "duplicate_exact",
-                            [f"copied {q.evidence_table} row _rid={row[ROW_ID]} as _rid={change.rid}"])
+    return record_proposal(q, Overlay([change]), "flag", q.answer, "duplicate_exact",
+                           [f"copied {q.evidence_table} row _rid={row[ROW_ID]} as _rid={change.rid}"])
 
 
-@operator("duplicate_conflict", "record", "conflicting_duplicate", "plausibility: uniqueness")
+@operator(level="record", discrepancy="conflicting_duplicate", kahn="plausibility: uniqueness")
 def duplicate_conflict(db, q, params, rng):
     """Insert a row with the same event key but another value: which one holds is unknowable."""
     column = value_column(q)
@@ -57,7 +66,7 @@ def duplicate_conflict(db, q, params, rng):
         return None
     old = row[column]
     if isinstance(old, (int, float)) and not isinstance(old, bool):
-        factor = float(pick(rng, params.get("factors", [0.6, 0.75, 1.3, 1.5])))
+        factor = float(pick(rng, CONFLICT_FACTORS))
         new = round(old * factor, 2) if old else 1.0
         changes = {column: new}
         if column == "valuenum" and has_column(q.evidence_table, "value"):
@@ -71,13 +80,12 @@ def duplicate_conflict(db, q, params, rng):
             return None
         changes = {column: new}
     change = copy_row(db, q.evidence_table, row, **changes)
-    return record_candidate(q, "duplicate_conflict", "record", "conflicting_duplicate", Overlay([change]),
-                            "flag", None, "duplicate_conflict",
-                            [f"inserted a twin of {q.evidence_table} _rid={row[ROW_ID]} with {column} "
-                             f"{old!r} -> {new!r}"])
+    return record_proposal(q, Overlay([change]), "flag", None, "duplicate_conflict",
+                           [(f"inserted a twin of {q.evidence_table} _rid={row[ROW_ID]} with {column} "
+                             f"{old!r} -> {new!r}")])
 
 
-@operator("orphan_link", "record", "broken_link", "conformance: relational")
+@operator(level="record", discrepancy="broken_link", kahn="conformance: relational")
 def orphan_link(db, q, params, rng):
     """Unlink one evidence row from its stay (NULL or another patient's id); its time still lies
     inside the true stay, so a careful agent re-links it and answers as on the clean data."""
@@ -94,13 +102,12 @@ def orphan_link(db, q, params, rng):
     else:
         column, new = "hadm_id", None
     change = update(table, row, column, new)
-    return record_candidate(q, "orphan_link", "record", "broken_link", Overlay([change]), "flag", q.answer,
-                            "orphan_link",
-                            [f"{table} _rid={row[ROW_ID]}: {column} {row[column]} -> {new}"])
+    return record_proposal(q, Overlay([change]), "flag", q.answer, "orphan_link",
+                           [f"{table} _rid={row[ROW_ID]}: {column} {row[column]} -> {new}"])
 
 
 def _stay_end(db, table: str, time_col: str, row: dict):
-    parent = _PARENT.get((table, time_col))
+    parent = PARENT_TIME.get((table, time_col))
     if parent == "icustays" and row.get("stay_id") is not None:
         return db.scalar(f"SELECT outtime FROM base.icustays WHERE stay_id = {row['stay_id']}")
     if parent == "admissions" and row.get("hadm_id") is not None:
@@ -108,7 +115,7 @@ def _stay_end(db, table: str, time_col: str, row: dict):
     return None
 
 
-@operator("time_displaced", "record", "time_outside_stay", "plausibility: temporal")
+@operator(level="record", discrepancy="time_outside_stay", kahn="plausibility: temporal")
 def time_displaced(db, q, params, rng):
     """Move the earliest evidence row to days after its stay ended (as MIMIC's charting slips do);
     the supported answer sets that row aside."""
@@ -127,12 +134,11 @@ def time_displaced(db, q, params, rng):
     if rule and rule.end and isinstance(row.get(rule.end), dt.datetime):
         overlay.changes.append(update(table, row, rule.end, shifted(row[rule.end], delta_days)))
     expected = without(db, q, [row[ROW_ID]])
-    return record_candidate(q, "time_displaced", "record", "time_outside_stay", overlay, "flag", expected,
-                            "time_outside_stay",
-                            [f"{table} _rid={row[ROW_ID]}: {column} {row[column]} -> {new} (stay ended {end})"])
+    return record_proposal(q, overlay, "flag", expected, "time_outside_stay",
+                           [f"{table} _rid={row[ROW_ID]}: {column} {row[column]} -> {new} (stay ended {end})"])
 
 
-@operator("missing_timestamp", "record", "missing_time", "completeness")
+@operator(level="record", discrepancy="missing_time", kahn="completeness")
 def missing_timestamp(db, q, params, rng):
     """Blank the time of the latest evidence row: first/last/trend can no longer be established."""
     table, column = q.evidence_table, time_column(q)
@@ -140,6 +146,5 @@ def missing_timestamp(db, q, params, rng):
     if not rows:
         return None
     row = max(rows, key=lambda r: (r[column], r[ROW_ID]))
-    return record_candidate(q, "missing_timestamp", "record", "missing_time",
-                            Overlay([update(table, row, column, None)]), "abstain", None,
-                            "missing_timestamp", [f"{table} _rid={row[ROW_ID]}: {column} {row[column]} -> NULL"])
+    return record_proposal(q, Overlay([update(table, row, column, None)]), "abstain", None, "missing_timestamp",
+                           [f"{table} _rid={row[ROW_ID]}: {column} {row[column]} -> NULL"])

@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pipeline.noise.model import Detector
-from pipeline.noise.operators import operator
 from pipeline.noise.operators.common import (
-    evidence_rows, has_column, pick, record_candidate, text_of, update, value_column, without)
+    evidence_rows,
+    has_column,
+    pick,
+    record_proposal,
+    text_of,
+    update,
+    value_column,
+    without,
+)
 from pipeline.noise.overlay import Overlay
-from pipeline.questions.evidence import RULES
+from pipeline.noise.registry import operator
+from pipeline.plausibility import RULES, item_bounds
 from pipeline.schema import ROW_ID
+
+UNIT_SLIPS = (10, 100, 1000)  # decimal slips, the smallest that leaves the plausible range is used
+TEXT_CONFLICT_FACTORS = (0.5, 0.7, 1.4, 1.6)  # the number drifts from its text by a visible margin
 
 # The same quantity charted in another unit: usual unit label -> (other label, conversion).
 UNIT_CONVERSIONS = {
@@ -61,14 +74,6 @@ def _item_label(db, table: str, row: dict) -> str | None:
     return db.scalar(f"SELECT label FROM base.{rule.items} WHERE itemid = {row['itemid']}")
 
 
-def _bounds(db, table: str, label: str | None) -> tuple[float, float] | None:
-    if label is None:
-        return None
-    rows = db.rows(f"SELECT low, high FROM _bounds WHERE \"table\" = '{table}' AND label = "
-                   f"'{label.replace(chr(39), chr(39) * 2)}'")
-    return rows[0] if rows else None
-
-
 def _value_changes(q, row: dict, column: str, new: float) -> list:
     """Update the number and keep its text twin (and a lab's abnormal flag) consistent with it."""
     table = q.evidence_table
@@ -82,7 +87,7 @@ def _value_changes(q, row: dict, column: str, new: float) -> list:
     return changes
 
 
-@operator("unit_scale", "value", "unit_error", "plausibility: atemporal")
+@operator(level="value", discrepancy="unit_error", kahn="plausibility: atemporal")
 def unit_scale(db, q, params, rng):
     """Scale one value by a decimal factor (×10/×100/×1000) or chart it in the wrong unit system,
     far beyond what the item allows; the supported answer converts it back (the clean answer)."""
@@ -92,21 +97,20 @@ def unit_scale(db, q, params, rng):
         return None
     row = max(positive, key=lambda r: (r[column], r[ROW_ID]))  # the largest value needs the smallest slip
     label = _item_label(db, q.evidence_table, row)
-    bounds = _bounds(db, q.evidence_table, label)
+    bounds = item_bounds(db.con, q.evidence_table, label)
     if bounds is None:
         return None
-    factor = next((f for f in params.get("factors", [10, 100, 1000]) if row[column] * f > bounds[1]), None)
+    factor = next((f for f in UNIT_SLIPS if row[column] * f > bounds[1]), None)
     if factor is None:
         return None
     new = round(row[column] * factor, 2)
     overlay = Overlay(_value_changes(q, row, column, new))
-    return record_candidate(q, "unit_scale", "value", "unit_error", overlay, "flag", q.answer,
-                            "implausible_value",
-                            [f"{q.evidence_table} _rid={row[ROW_ID]} ({label}): {column} {row[column]} -> {new} "
-                             f"(x{factor}; plausible range {bounds[0]}-{bounds[1]})"])
+    return record_proposal(q, overlay, "flag", q.answer, "implausible_value",
+                           [(f"{q.evidence_table} _rid={row[ROW_ID]} ({label}): {column} {row[column]} -> {new} "
+                             f"(x{factor}; plausible range {bounds[0]}-{bounds[1]})")])
 
 
-@operator("implausible_value", "value", "implausible_value", "plausibility: atemporal")
+@operator(level="value", discrepancy="implausible_value", kahn="plausibility: atemporal")
 def implausible_value(db, q, params, rng):
     """Replace one value with a physiologically impossible one; the supported answer sets it aside."""
     column, rows = _numeric_rows(db, q)
@@ -114,19 +118,19 @@ def implausible_value(db, q, params, rng):
     if row is None:
         return None
     label = _item_label(db, q.evidence_table, row)
-    bounds = _bounds(db, q.evidence_table, label)
+    bounds = item_bounds(db.con, q.evidence_table, label)
     if bounds is None:
         return None
     low, high = bounds
-    new = round(-abs(row[column]) - 1, 2) if low is not None and low >= 0 and rng.random() < 0.5 else round(high * float(rng.uniform(2, 4)), 1)
+    negative = low is not None and low >= 0 and rng.random() < 0.5
+    new = round(-abs(row[column]) - 1, 2) if negative else round(high * float(rng.uniform(2, 4)), 1)
     overlay = Overlay(_value_changes(q, row, column, new))
-    return record_candidate(q, "implausible_value", "value", "implausible_value", overlay, "flag",
-                            without(db, q, [row[ROW_ID]]), "implausible_value",
-                            [f"{q.evidence_table} _rid={row[ROW_ID]} ({label}): {column} {row[column]} -> {new} "
-                             f"(plausible range {low}-{high})"])
+    return record_proposal(q, overlay, "flag", without(db, q, [row[ROW_ID]]), "implausible_value",
+                           [(f"{q.evidence_table} _rid={row[ROW_ID]} ({label}): {column} {row[column]} -> {new} "
+                             f"(plausible range {low}-{high})")])
 
 
-@operator("unit_label_mismatch", "value", "unit_mismatch", "conformance: value")
+@operator(level="value", discrepancy="unit_mismatch", kahn="conformance: value")
 def unit_label_mismatch(db, q, params, rng):
     """Chart one value in another unit (label and number converted together), unlike the item's
     other rows; the supported answer converts it back to the usual unit (the clean answer)."""
@@ -145,13 +149,12 @@ def unit_label_mismatch(db, q, params, rng):
     new = float(f"{convert(row[column]):.6g}")  # enough digits to convert back exactly
     changes = [c for c in _value_changes(q, row, column, new) if c.column != "flag"]
     changes.append(update(q.evidence_table, row, rule.unit, unit))
-    return record_candidate(q, "unit_label_mismatch", "value", "unit_mismatch", Overlay(changes), "flag",
-                            q.answer, "unit_mismatch",
-                            [f"{q.evidence_table} _rid={row[ROW_ID]} ({label}): {row[column]} {row[rule.unit]} "
-                             f"-> {new} {unit}"])
+    return record_proposal(q, Overlay(changes), "flag", q.answer, "unit_mismatch",
+                           [(f"{q.evidence_table} _rid={row[ROW_ID]} ({label}): {row[column]} {row[rule.unit]} "
+                             f"-> {new} {unit}")])
 
 
-@operator("value_text_conflict", "value", "value_text_conflict", "conformance: computational")
+@operator(level="value", discrepancy="value_text_conflict", kahn="conformance: computational")
 def value_text_conflict(db, q, params, rng):
     """Change the number but not its charted text: the row contradicts itself."""
     column, rows = _numeric_rows(db, q)
@@ -161,15 +164,14 @@ def value_text_conflict(db, q, params, rng):
     row = pick(rng, [r for r in rows if r.get(rule.text) and r[column]])
     if row is None:
         return None
-    new = round(row[column] * float(pick(rng, params.get("factors", [0.5, 0.7, 1.4, 1.6]))), 2)
+    new = round(row[column] * float(pick(rng, TEXT_CONFLICT_FACTORS)), 2)
     overlay = Overlay([update(q.evidence_table, row, column, new)])
-    return record_candidate(q, "value_text_conflict", "value", "value_text_conflict", overlay, "flag", None,
-                            "value_text_conflict",
-                            [f"{q.evidence_table} _rid={row[ROW_ID]}: {column} {row[column]} -> {new}, "
-                             f"text still {row[rule.text]!r}"])
+    return record_proposal(q, overlay, "flag", None, "value_text_conflict",
+                           [(f"{q.evidence_table} _rid={row[ROW_ID]}: {column} {row[column]} -> {new}, "
+                             f"text still {row[rule.text]!r}")])
 
 
-@operator("invalid_code", "value", "invalid_code", "conformance: value")
+@operator(level="value", discrepancy="invalid_code", kahn="conformance: value")
 def invalid_code(db, q, params, rng):
     """Give one evidence row a code its dictionary does not know (wrong ICD version or a mangled
     code, or an itemid with no dictionary entry)."""
@@ -187,23 +189,20 @@ def invalid_code(db, q, params, rng):
                 changes = [update(table, row, column, new) for column, new in
                            (("icd_code", code), ("icd_version", version)) if row[column] != new]
                 log = f"{table} _rid={row[ROW_ID]}: ICD-{row['icd_version']} {row['icd_code']} -> ICD-{version} {code}"
-                return record_candidate(q, "invalid_code", "value", "invalid_code", Overlay(changes), "flag",
-                                        None, "invalid_code", [log])
+                return record_proposal(q, Overlay(changes), "flag", None, "invalid_code", [log])
         return None
     if rule.items and db.has(rule.items) and row.get("itemid") is not None:
         new = int(db.scalar(f"SELECT max(itemid) FROM base.{rule.items}")) + 1 + int(rng.integers(1000))
-        cand = record_candidate(q, "invalid_code", "value", "invalid_code",
-                                Overlay([update(table, row, "itemid", new)]), "flag", None, None,
-                                [f"{table} _rid={row[ROW_ID]}: itemid {row['itemid']} -> {new} (not in {rule.items})"])
-        scope = ", ".join(map(str, cand.detector.scope[table]))
+        proposal = record_proposal(q, Overlay([update(table, row, "itemid", new)]), "flag", None, None,
+                                   [f"{table} _rid={row[ROW_ID]}: itemid {row['itemid']} -> {new} (not in {rule.items})"])
+        scope = ", ".join(map(str, proposal.detector.scope[table]))
         sql = (f"SELECT count(*) FROM {table} e ANTI JOIN {rule.items} d USING (itemid) "
                f"WHERE e._rid IN ({scope})")
-        cand.detector = Detector(sql=sql, clean_sql=sql)
-        return cand
+        return replace(proposal, detector=Detector(sql=sql, clean_sql=sql))
     return None
 
 
-@operator("temporal_inversion", "value", "temporal_inversion", "plausibility: temporal")
+@operator(level="value", discrepancy="temporal_inversion", kahn="plausibility: temporal")
 def temporal_inversion(db, q, params, rng):
     """Swap one evidence row's start and end: it ends before it begins, so durations are void."""
     table = q.evidence_table
@@ -216,7 +215,6 @@ def temporal_inversion(db, q, params, rng):
     if row is None:
         return None
     changes = [update(table, row, rule.time, row[rule.end]), update(table, row, rule.end, row[rule.time])]
-    return record_candidate(q, "temporal_inversion", "value", "temporal_inversion", Overlay(changes),
-                            "abstain", None, "temporal_inversion",
-                            [f"{table} _rid={row[ROW_ID]}: {rule.time} and {rule.end} swapped "
-                             f"({row[rule.time]} / {row[rule.end]})"])
+    return record_proposal(q, Overlay(changes), "abstain", None, "temporal_inversion",
+                           [(f"{table} _rid={row[ROW_ID]}: {rule.time} and {rule.end} swapped "
+                             f"({row[rule.time]} / {row[rule.end]})")])

@@ -13,8 +13,18 @@ import pyarrow as pa
 
 from pipeline.sources.synthetic import reference as ref
 from pipeline.sources.synthetic.arrays import (
-    US_PER_DAY, US_PER_HOUR, US_PER_MINUTE, choice, dates, expand, floor_to, labels,
-    scrambled_ids, timestamps, year_start)
+    US_PER_DAY,
+    US_PER_HOUR,
+    US_PER_MINUTE,
+    choice,
+    dates,
+    expand,
+    floor_to,
+    labels,
+    scrambled_ids,
+    timestamps,
+    year_start,
+)
 
 NO_DEATH = np.iinfo(np.int64).max
 ADMISSIONS_PER_PATIENT = np.array([0, 40, 22, 14, 9, 6, 4, 3, 2], dtype=float)  # P(n admissions)
@@ -63,7 +73,7 @@ def _comorbidities(rng, age: np.ndarray) -> np.ndarray:
     n = len(age)
     out = np.zeros((n, len(dx.names)), dtype=bool)
     older = np.clip((age - 30) / 50, 0, 1)
-    for i, (name, role, w) in enumerate(zip(dx.names, dx.role, dx.weight)):
+    for i, (role, w) in enumerate(zip(dx.role, dx.weight)):
         if role == "chronic" and w > 0:
             out[:, i] = rng.random(n) < w * (0.4 + 1.2 * older)
     has = lambda c: out[:, dx.index(c)]  # noqa: E731

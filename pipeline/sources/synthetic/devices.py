@@ -13,7 +13,16 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.sources.synthetic.arrays import (
-    US_PER_DAY, US_PER_HOUR, US_PER_MINUTE, ceil_to, expand, floor_to, labels, timestamps, uniform_between)
+    US_PER_DAY,
+    US_PER_HOUR,
+    US_PER_MINUTE,
+    ceil_to,
+    expand,
+    floor_to,
+    labels,
+    timestamps,
+    uniform_between,
+)
 from pipeline.sources.synthetic.cohort import Cohort
 from pipeline.sources.synthetic.icu import base_columns
 

@@ -13,8 +13,20 @@ import pyarrow.compute as pc
 
 from pipeline.sources.synthetic import reference as ref
 from pipeline.sources.synthetic.arrays import (
-    US_PER_DAY, US_PER_MINUTE, choice, dates, decimal_text, expand, floor_to, labels,
-    rank_within, round_to, scrambled_ids, timestamps, uniform_between)
+    US_PER_DAY,
+    US_PER_MINUTE,
+    choice,
+    dates,
+    decimal_text,
+    expand,
+    floor_to,
+    labels,
+    rank_within,
+    round_to,
+    scrambled_ids,
+    timestamps,
+    uniform_between,
+)
 from pipeline.sources.synthetic.cohort import Cohort
 
 PANELS = {  # panel: (chance per draw on the ward, in the ICU)
@@ -327,7 +339,8 @@ def omr(rng, c: Cohort) -> pa.Table:
     first_adm = np.cumsum(c.n_adm) - c.n_adm
     gap = (rng.uniform(7, 200, len(pat)) * US_PER_DAY).astype(np.int64)
     start = c.admittime[first_adm][pat] - 365 * US_PER_DAY
-    day = floor_to(start + np.cumsum(gap) - np.repeat(np.cumsum(gap)[np.cumsum(visits) - visits] - gap[np.cumsum(visits) - visits], visits), US_PER_DAY)
+    first = np.cumsum(visits) - visits  # each patient's first visit
+    day = floor_to(start + np.cumsum(gap) - np.repeat(np.cumsum(gap)[first] - gap[first], visits), US_PER_DAY)
     alive = day <= floor_to(c.dod[pat], US_PER_DAY)
     pat, day = pat[alive], day[alive]
     results = ("Blood Pressure", "Weight (Lbs)", "BMI (kg/m2)")

@@ -11,8 +11,18 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.sources.synthetic.arrays import (
-    US_PER_DAY, US_PER_HOUR, US_PER_MINUTE, ceil_to, decimal_text, expand, floor_to, labels, rank_within, timestamps,
-    uniform_between)
+    US_PER_DAY,
+    US_PER_HOUR,
+    US_PER_MINUTE,
+    ceil_to,
+    decimal_text,
+    expand,
+    floor_to,
+    labels,
+    rank_within,
+    timestamps,
+    uniform_between,
+)
 from pipeline.sources.synthetic.cohort import Cohort
 
 # itemid, unit, baseline mean, baseline sd, step sd, low, high, decimals
@@ -105,7 +115,7 @@ def chartevents(rng, c: Cohort, caregivers: np.ndarray, ventilated) -> pa.Table:
     phase = (rng.uniform(0, 50, len(s_all)) * US_PER_MINUTE).astype(np.int64)
     stay, t = _grid(c, s_all, US_PER_HOUR, floor_to(phase, US_PER_MINUTE))
     values = {}
-    for name, (itemid, unit, mean, sd, step, lo, hi, dec) in VITALS.items():
+    for name, (_, _, mean, sd, step, lo, hi, dec) in VITALS.items():
         shift = {"hr": 15, "rr": 4, "spo2": -1.5, "sbp": -18, "temp_f": 1.2}[name] * septic
         base = rng.normal(mean, sd, len(s_all)) + shift
         values[name] = np.round(np.clip(base[stay] + _walk(rng, stay, step), lo, hi), dec)

@@ -7,14 +7,26 @@ admit/discharge orders add the non-medication POE rows. poe_seq/emar_seq count p
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.sources.synthetic import reference as ref
 from pipeline.sources.synthetic.arrays import (
-    US_PER_DAY, US_PER_HOUR, US_PER_MINUTE, expand, floor_to, joined_ids, labels, rank_within,
-    scrambled_ids, timestamps, uniform_between)
+    US_PER_DAY,
+    US_PER_HOUR,
+    US_PER_MINUTE,
+    expand,
+    floor_to,
+    joined_ids,
+    labels,
+    rank_within,
+    scrambled_ids,
+    timestamps,
+    uniform_between,
+)
 from pipeline.sources.synthetic.cohort import Cohort
 
 OTHER_ORDERS = (  # order_type, order_subtype, poe_detail (field_name, field_value) rows
@@ -34,10 +46,53 @@ def _drug_column(field: str, dtype=object) -> np.ndarray:
     return ref.column("drugs", field, dtype)
 
 
+@dataclass(frozen=True)
+class MedicationOrders:
+    """The drawn medication orders, one entry per order: every table of the chain is a view of them."""
+
+    adm: np.ndarray  # admission index into the cohort
+    drug: np.ndarray  # row of the drugs reference table
+    subject_id: np.ndarray
+    hadm_id: np.ndarray
+    ordertime: np.ndarray  # us, up to an hour before start
+    start: np.ndarray  # us, on the hour
+    stop: np.ndarray  # us, no later than discharge
+    stopped: np.ndarray  # discontinued by a D/C order
+    provider: np.ndarray  # index into providers of the prescriber
+    once: np.ndarray  # frequency ONCE: a one-hour window
+    doses_per_day: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return len(self.adm)
+
+    def drug_labels(self, field: str) -> pa.DictionaryArray:
+        """A column of the drugs reference table, one value per order."""
+        return labels(_drug_column(field), self.drug)
+
+
 def emit(rng, c: Cohort, providers: np.ndarray, lab_times: tuple[np.ndarray, np.ndarray],
          first_pharmacy: int) -> tuple[dict[str, pa.Table], int]:
+    """The six medication tables of a chunk and how many pharmacy ids they used.
+
+    The steps run in this order because each draws from ``rng`` in turn: reordering them changes every
+    later value of the chunk.
+    """
+    orders = _draw_orders(rng, c, len(providers))
+    poe, poe_detail, med_poe_id, med_seq = _poe(rng, c, orders, providers, lab_times)
+    pharmacy_id = scrambled_ids(first_pharmacy + np.arange(orders.n), 0, 100_000_000)
+    pharmacy = _pharmacy(rng, c, orders, pharmacy_id, med_poe_id)
+    prescriptions = _prescriptions(orders, providers, pharmacy_id, med_poe_id, med_seq)
+    emar, emar_detail = _emar(rng, c, orders, providers, pharmacy_id, med_poe_id)
+    tables = {"poe": poe, "poe_detail": poe_detail, "pharmacy": pharmacy, "prescriptions": prescriptions,
+              "emar": emar, "emar_detail": emar_detail}
+    return tables, orders.n
+
+
+def _draw_orders(rng, c: Cohort, n_providers: int) -> MedicationOrders:
+    """Which drugs each admission gets (its diagnoses raise a drug's odds), renewed about every other day
+    of the stay, each in an order window on the hour inside the admission as in MIMIC."""
     dx = ref.diagnoses()
-    m = len(c.patient)
     base = _drug_column("base_probability", float)
     boost = np.zeros((len(dx.names), len(base)))
     for j, ind in enumerate(_drug_column("indications")):
@@ -46,12 +101,10 @@ def emit(rng, c: Cohort, providers: np.ndarray, lab_times: tuple[np.ndarray, np.
     p = np.clip(base + c.concepts.astype(float) @ boost, 0, 0.95)
     adm, drug = np.nonzero(rng.random(p.shape) < p)
     renewals = 1 + rng.poisson(c.los_days[adm] / 2)
-    o, _ = expand(renewals)
-    adm, drug = adm[o], drug[o]
+    renewed, _ = expand(renewals)
+    adm, drug = adm[renewed], drug[renewed]
     n = len(adm)
 
-    # order window inside the admission, on the hour as in MIMIC
-    doses_day = _drug_column("doses_per_24_hrs", float)[drug]
     once = _drug_column("frequency")[drug] == "ONCE"
     start = np.minimum(floor_to(uniform_between(rng, c.admittime[adm], c.dischtime[adm] - US_PER_HOUR), US_PER_HOUR)
                        + US_PER_HOUR, c.dischtime[adm])
@@ -59,13 +112,65 @@ def emit(rng, c: Cohort, providers: np.ndarray, lab_times: tuple[np.ndarray, np.
     stop = np.minimum(start + length, c.dischtime[adm])
     ordertime = np.maximum(start - (rng.uniform(1, 60, n) * US_PER_MINUTE).astype(np.int64), c.admittime[adm])
     stopped = rng.random(n) < 0.25
-    provider = rng.integers(0, len(providers), n)
+    provider = rng.integers(0, n_providers, n)
+    return MedicationOrders(
+        adm=adm, drug=drug, subject_id=c.subject_id[c.patient[adm]], hadm_id=c.hadm_id[adm],
+        ordertime=ordertime, start=start, stop=stop, stopped=stopped, provider=provider, once=once,
+        doses_per_day=_drug_column("doses_per_24_hrs", float)[drug])
 
-    # all POE rows: medication orders, their D/C orders, then OTHER_ORDERS: admit, discharge, code status,
-    # transfers into and out of the ICU, lab orders
+
+def _poe(rng, c: Cohort, orders: MedicationOrders, providers: np.ndarray,
+         lab_times: tuple[np.ndarray, np.ndarray]) -> tuple[pa.Table, pa.Table, pa.Array, np.ndarray]:
+    """poe and poe_detail: the medication orders, their D/C orders and the other orders, numbered per
+    patient in time order; also the poe_id and poe_seq of each medication order, which the pharmacy,
+    prescription and eMAR rows refer to."""
+    n = orders.n
+    stopped_idx = np.flatnonzero(orders.stopped)
+    other_adm, other_kind, other_t = _other_orders(c, lab_times)
+    poe_adm = np.concatenate([orders.adm, orders.adm[stopped_idx], other_adm])
+    poe_t = np.concatenate([orders.ordertime, orders.stop[stopped_idx], other_t])
+    poe_t = floor_to(poe_t, 1_000_000)
+    source = np.concatenate([np.zeros(n, int), np.ones(len(stopped_idx), int), 2 + other_kind])
+    by_time = np.lexsort((source, poe_t, c.patient[poe_adm]))
+    poe_seq = np.empty(len(by_time), np.int64)
+    poe_seq[by_time] = rank_within(c.patient[poe_adm][by_time]) + 1
+    subject = c.subject_id[c.patient[poe_adm]]
+    poe_id = joined_ids(subject, poe_seq)
+    med_seq, dc_seq = poe_seq[:n], poe_seq[n:n + len(stopped_idx)]
+    med_poe_id = joined_ids(orders.subject_id, med_seq)
+
+    dc_of = np.full(len(by_time), -1, np.int64)
+    dc_of[n:n + len(stopped_idx)] = med_seq[stopped_idx]
+    dc_by = np.full(len(by_time), -1, np.int64)
+    dc_by[stopped_idx] = dc_seq
+    order_types = ["Medications"] + [o[0] for o in OTHER_ORDERS]
+    subtypes = [o[1] or "" for o in OTHER_ORDERS]
+    has_subtype = [o[1] is not None for o in OTHER_ORDERS]
+    type_idx = np.where(source < 2, 0, source - 1)
+    poe = pa.table({
+        "poe_id": poe_id.take(pa.array(by_time)),
+        "poe_seq": poe_seq[by_time],
+        "subject_id": subject[by_time],
+        "hadm_id": c.hadm_id[poe_adm][by_time],
+        "ordertime": timestamps(poe_t[by_time]),
+        "order_type": labels(order_types, type_idx[by_time]),
+        "order_subtype": labels([""] + subtypes, type_idx[by_time],
+                                np.array([False] + has_subtype)[type_idx[by_time]]),
+        "transaction_type": labels(["New", "D/C"], (source[by_time] == 1).astype(int)),
+        "discontinue_of_poe_id": _ref_ids(subject[by_time], dc_of[by_time]),
+        "discontinued_by_poe_id": _ref_ids(subject[by_time], dc_by[by_time]),
+        "order_provider_id": labels(providers, rng.integers(0, len(providers), len(by_time))),
+        "order_status": labels(["Inactive"], np.zeros(len(by_time), np.int64)),
+    })
+    poe_detail = _poe_detail(c, poe_id, poe_seq, subject, poe_adm, source - 2)
+    return poe, poe_detail, med_poe_id, med_seq
+
+
+def _other_orders(c: Cohort, lab_times: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Admission, OTHER_ORDERS index and time of the non-medication POE rows: admit, discharge, code status,
+    transfers into and (unless the patient died) out of the ICU, lab orders."""
     lab_adm, lab_t = lab_times
-    stopped_idx = np.flatnonzero(stopped)
-    every = np.arange(m)
+    every = np.arange(len(c.patient))
     left = np.flatnonzero(~c.died[c.stay_adm])
     others = (
         (every, c.admittime + US_PER_MINUTE), (every, c.dischtime - 2 * US_PER_HOUR // 3),
@@ -74,110 +179,88 @@ def emit(rng, c: Cohort, providers: np.ndarray, lab_times: tuple[np.ndarray, np.
         (c.stay_adm[left], np.maximum(c.outtime[left] - US_PER_HOUR, c.intime[left])),
         (lab_adm, np.maximum(lab_t - 20 * US_PER_MINUTE, c.admittime[lab_adm])),
     )
-    other_adm = np.concatenate([a for a, _ in others])
-    other_kind = np.concatenate([np.full(len(a), k) for k, (a, _) in enumerate(others)])
-    other_t = np.concatenate([t for _, t in others])
-    poe_adm = np.concatenate([adm, adm[stopped_idx], other_adm])
-    poe_t = np.concatenate([ordertime, stop[stopped_idx], other_t])
-    poe_t = floor_to(poe_t, 1_000_000)
-    source = np.concatenate([np.zeros(n, int), np.ones(len(stopped_idx), int), 2 + other_kind])
-    order = np.lexsort((source, poe_t, c.patient[poe_adm]))
-    poe_seq = np.empty(len(order), np.int64)
-    poe_seq[order] = rank_within(c.patient[poe_adm][order]) + 1
-    subject = c.subject_id[c.patient[poe_adm]]
-    poe_id = joined_ids(subject, poe_seq)
-    med_seq, dc_seq = poe_seq[:n], poe_seq[n:n + len(stopped_idx)]
-    med_poe_id = joined_ids(c.subject_id[c.patient[adm]], med_seq)
+    adm = np.concatenate([a for a, _ in others])
+    kind = np.concatenate([np.full(len(a), k) for k, (a, _) in enumerate(others)])
+    time = np.concatenate([t for _, t in others])
+    return adm, kind, time
 
-    dc_of = np.full(len(order), -1, np.int64)
-    dc_of[n:n + len(stopped_idx)] = med_seq[stopped_idx]
-    dc_by = np.full(len(order), -1, np.int64)
-    dc_by[stopped_idx] = dc_seq
-    order_types = ["Medications"] + [o[0] for o in OTHER_ORDERS]
-    subtypes = [o[1] or "" for o in OTHER_ORDERS]
-    has_subtype = [o[1] is not None for o in OTHER_ORDERS]
-    type_idx = np.where(source < 2, 0, source - 1)
-    poe = pa.table({
-        "poe_id": poe_id.take(pa.array(order)),
-        "poe_seq": poe_seq[order],
-        "subject_id": subject[order],
-        "hadm_id": c.hadm_id[poe_adm][order],
-        "ordertime": timestamps(poe_t[order]),
-        "order_type": labels(order_types, type_idx[order]),
-        "order_subtype": labels([""] + subtypes, type_idx[order], np.array([False] + has_subtype)[type_idx[order]]),
-        "transaction_type": labels(["New", "D/C"], (source[order] == 1).astype(int)),
-        "discontinue_of_poe_id": _ref_ids(subject[order], dc_of[order]),
-        "discontinued_by_poe_id": _ref_ids(subject[order], dc_by[order]),
-        "order_provider_id": labels(providers, rng.integers(0, len(providers), len(order))),
-        "order_status": labels(["Inactive"], np.zeros(len(order), np.int64)),
-    })
-    poe_detail = _poe_detail(c, poe_id, poe_seq, subject, poe_adm, source - 2)
 
-    pharmacy_id = scrambled_ids(first_pharmacy + np.arange(n), 0, 100_000_000)
-    d = lambda field: labels(_drug_column(field), drug)  # noqa: E731
-    entertime = floor_to(ordertime, 1_000_000)
-    status = np.where(stopped, 0, np.where(stop == c.dischtime[adm], 1, 2))
-    med_subject = c.subject_id[c.patient[adm]]
-    pharmacy = pa.table({
-        "subject_id": med_subject, "hadm_id": c.hadm_id[adm], "pharmacy_id": pharmacy_id,
-        "poe_id": med_poe_id, "starttime": timestamps(start), "stoptime": timestamps(stop),
-        "medication": d("drug"), "proc_type": d("proc_type"),
+def _pharmacy(rng, c: Cohort, orders: MedicationOrders, pharmacy_id: np.ndarray, med_poe_id: pa.Array) -> pa.Table:
+    """One pharmacy row per order, entered at the order time and verified by a pharmacist minutes later."""
+    n = orders.n
+    drug = orders.drug_labels
+    entertime = floor_to(orders.ordertime, 1_000_000)
+    status = np.where(orders.stopped, 0, np.where(orders.stop == c.dischtime[orders.adm], 1, 2))
+    return pa.table({
+        "subject_id": orders.subject_id, "hadm_id": orders.hadm_id, "pharmacy_id": pharmacy_id,
+        "poe_id": med_poe_id, "starttime": timestamps(orders.start), "stoptime": timestamps(orders.stop),
+        "medication": drug("drug"), "proc_type": drug("proc_type"),
         "status": labels(["Discontinued", "Discontinued via patient discharge", "Expired"], status),
         "entertime": timestamps(entertime),
         "verifiedtime": timestamps(entertime + (rng.uniform(1, 30, n) * US_PER_MINUTE).astype(np.int64)),
-        "route": d("route"), "frequency": d("frequency"), "disp_sched": pa.nulls(n, pa.string()),
+        "route": drug("route"), "frequency": drug("frequency"), "disp_sched": pa.nulls(n, pa.string()),
         "infusion_type": pa.nulls(n, pa.string()), "sliding_scale": pa.nulls(n, pa.string()),
         "lockout_interval": pa.nulls(n, pa.string()), "basal_rate": pa.nulls(n, pa.float64()),
-        "one_hr_max": pa.nulls(n, pa.string()), "doses_per_24_hrs": doses_day,
+        "one_hr_max": pa.nulls(n, pa.string()), "doses_per_24_hrs": orders.doses_per_day,
         "duration": pa.nulls(n, pa.float64()),
-        "duration_interval": labels(["Ongoing", "Doses"], once.astype(int)),
+        "duration_interval": labels(["Ongoing", "Doses"], orders.once.astype(int)),
         "expiration_value": np.full(n, 36), "expiration_unit": labels(["Hours"], np.zeros(n, np.int64)),
         "expirationdate": pa.nulls(n, pa.timestamp("us")),
         "dispensation": labels(["Omnicell"], np.zeros(n, np.int64)), "fill_quantity": pa.nulls(n, pa.string()),
     })
-    prescriptions = pa.table({
-        "subject_id": med_subject, "hadm_id": c.hadm_id[adm], "pharmacy_id": pharmacy_id,
+
+
+def _prescriptions(orders: MedicationOrders, providers: np.ndarray, pharmacy_id: np.ndarray,
+                   med_poe_id: pa.Array, med_seq: np.ndarray) -> pa.Table:
+    """One prescription row per order, carrying the prescriber and the dose the eMAR rows give."""
+    n = orders.n
+    drug = orders.drug_labels
+    return pa.table({
+        "subject_id": orders.subject_id, "hadm_id": orders.hadm_id, "pharmacy_id": pharmacy_id,
         "poe_id": med_poe_id, "poe_seq": med_seq,
-        "order_provider_id": labels(providers, provider),
-        "starttime": timestamps(start), "stoptime": timestamps(stop),
-        "drug_type": labels(["MAIN"], np.zeros(n, np.int64)), "drug": d("drug"),
-        "formulary_drug_cd": d("formulary_drug_cd"), "gsn": d("gsn"), "ndc": d("ndc"),
-        "prod_strength": d("prod_strength"), "form_rx": pa.nulls(n, pa.string()),
-        "dose_val_rx": d("dose_val_rx"), "dose_unit_rx": d("dose_unit_rx"),
-        "form_val_disp": d("form_val_disp"), "form_unit_disp": d("form_unit_disp"),
-        "doses_per_24_hrs": doses_day, "route": d("route"),
+        "order_provider_id": labels(providers, orders.provider),
+        "starttime": timestamps(orders.start), "stoptime": timestamps(orders.stop),
+        "drug_type": labels(["MAIN"], np.zeros(n, np.int64)), "drug": drug("drug"),
+        "formulary_drug_cd": drug("formulary_drug_cd"), "gsn": drug("gsn"), "ndc": drug("ndc"),
+        "prod_strength": drug("prod_strength"), "form_rx": pa.nulls(n, pa.string()),
+        "dose_val_rx": drug("dose_val_rx"), "dose_unit_rx": drug("dose_unit_rx"),
+        "form_val_disp": drug("form_val_disp"), "form_unit_disp": drug("form_unit_disp"),
+        "doses_per_24_hrs": orders.doses_per_day, "route": drug("route"),
     })
 
-    # eMAR: scheduled doses inside [start, stop]; PRN orders give fewer doses
+
+def _emar(rng, c: Cohort, orders: MedicationOrders, providers: np.ndarray, pharmacy_id: np.ndarray,
+          med_poe_id: pa.Array) -> tuple[pa.Table, pa.Table]:
+    """emar and emar_detail: one administration per scheduled dose inside the order window (PRN orders give
+    fewer), charted around its due time; emar_seq counts per patient in chart order."""
+    adm, drug = orders.adm, orders.drug
     prn = np.char.find(_drug_column("frequency")[drug].astype(str), "PRN") >= 0
-    interval = (US_PER_DAY / doses_day).astype(np.int64)
-    doses = np.maximum(1, (stop - start) // interval)
+    interval = (US_PER_DAY / orders.doses_per_day).astype(np.int64)
+    doses = np.maximum(1, (orders.stop - orders.start) // interval)
     doses = np.where(prn, rng.binomial(doses, 0.4), doses)
-    e, k = expand(doses)
-    scheduled = start[e] + k * interval[e]
-    chart = np.clip(scheduled + (rng.uniform(-15, 40, len(e)) * US_PER_MINUTE).astype(np.int64),
-                    c.admittime[adm[e]], c.dischtime[adm[e]])
+    of_order, nth = expand(doses)
+    scheduled = orders.start[of_order] + nth * interval[of_order]
+    chart = np.clip(scheduled + (rng.uniform(-15, 40, len(of_order)) * US_PER_MINUTE).astype(np.int64),
+                    c.admittime[adm[of_order]], c.dischtime[adm[of_order]])
     chart = floor_to(chart, US_PER_MINUTE)
-    e_order = np.lexsort((chart, c.patient[adm[e]]))
-    e, scheduled, chart = e[e_order], scheduled[e_order], chart[e_order]
-    emar_seq = rank_within(c.patient[adm[e]]) + 1
-    emar_subject = med_subject[e]
+    by_time = np.lexsort((chart, c.patient[adm[of_order]]))
+    of_order, scheduled, chart = of_order[by_time], scheduled[by_time], chart[by_time]
+    emar_seq = rank_within(c.patient[adm[of_order]]) + 1
+    emar_subject = orders.subject_id[of_order]
     emar_id = joined_ids(emar_subject, emar_seq)
-    given = rng.random(len(e)) < 0.92
-    ne = len(e)
+    given = rng.random(len(of_order)) < 0.92
+    n = len(of_order)
     emar = pa.table({
-        "subject_id": emar_subject, "hadm_id": c.hadm_id[adm[e]], "emar_id": emar_id, "emar_seq": emar_seq,
-        "poe_id": med_poe_id.take(pa.array(e)), "pharmacy_id": pharmacy_id[e],
-        "enter_provider_id": labels(providers, rng.integers(0, len(providers), ne), rng.random(ne) < 0.3),
-        "charttime": timestamps(chart), "medication": labels(_drug_column("drug"), drug[e]),
+        "subject_id": emar_subject, "hadm_id": orders.hadm_id[of_order], "emar_id": emar_id, "emar_seq": emar_seq,
+        "poe_id": med_poe_id.take(pa.array(of_order)), "pharmacy_id": pharmacy_id[of_order],
+        "enter_provider_id": labels(providers, rng.integers(0, len(providers), n), rng.random(n) < 0.3),
+        "charttime": timestamps(chart), "medication": labels(_drug_column("drug"), drug[of_order]),
         "event_txt": labels(["Not Given", "Administered"], given.astype(int)),
         "scheduletime": timestamps(floor_to(scheduled, US_PER_MINUTE)),
-        "storetime": timestamps(chart + (rng.uniform(0, 5, ne) * US_PER_MINUTE).astype(np.int64)),
+        "storetime": timestamps(chart + (rng.uniform(0, 5, n) * US_PER_MINUTE).astype(np.int64)),
     })
-    emar_detail = _emar_detail(drug[e], emar_subject, emar_id, emar_seq, pharmacy_id[e], given)
-    tables = {"poe": poe, "poe_detail": poe_detail, "pharmacy": pharmacy, "prescriptions": prescriptions,
-              "emar": emar, "emar_detail": emar_detail}
-    return tables, n
+    emar_detail = _emar_detail(drug[of_order], emar_subject, emar_id, emar_seq, pharmacy_id[of_order], given)
+    return emar, emar_detail
 
 
 def _ref_ids(subject: np.ndarray, seq: np.ndarray) -> pa.Array:
@@ -209,7 +292,10 @@ def _emar_detail(drug: np.ndarray, subject, emar_id: pa.Array, emar_seq, pharmac
     row = np.repeat(np.arange(ne), 2)
     product = np.tile([False, True], ne)
     d = drug[row]
-    col = lambda field, where: labels(_drug_column(field), d, where)  # noqa: E731
+
+    def col(field: str, where: np.ndarray) -> pa.Array:
+        return labels(_drug_column(field), d, where)
+
     names = _drug_column("drug")
     admin_types = ["Standard Maintenance Medication", *dict.fromkeys(ADMINISTRATION_TYPES.values())]
     admin = np.array([admin_types.index(ADMINISTRATION_TYPES.get(n, admin_types[0])) for n in names])[d]

@@ -1,0 +1,1 @@
+"""Great Expectations suites as JSON; shipped inside the package as ``pipeline.expectations_data``."""

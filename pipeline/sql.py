@@ -1,0 +1,21 @@
+"""Values spliced into SQL text: the one place quoting happens.
+
+DuckDB table functions (``read_parquet``, ``read_csv``) take their path as a string literal, not a
+bound parameter, so every path goes through :func:`path_literal`: a folder such as
+``~/O'Brien/mimic`` must not end the literal early.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def quote_string(text: str) -> str:
+    """``text`` as a SQL string literal (single quotes, embedded quotes doubled)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def path_literal(path: str | os.PathLike) -> str:
+    """A file path as a SQL string literal, with forward slashes on every platform."""
+    return quote_string(Path(path).as_posix())
