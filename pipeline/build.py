@@ -100,7 +100,8 @@ def build(source: str, out: str | os.PathLike, seed: int, path: str | os.PathLik
                                                      workers=workers)
     lap("questions")
     records, report.noise = candidate_records(layout.staged, questions, seed, workers=workers,
-                                              progress=verification_progress(log) if log else None)
+                                              progress=verification_progress(log) if log else None,
+                                              vetoed_families=vetoes.families())
     lap("noise")
     report.pairs = ship(records, templates, seed, per_template, vetoes)
     report.manifest = export_benchmark(out, report.pairs, questions, report.questions.rejected, report.noise,

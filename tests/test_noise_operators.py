@@ -780,3 +780,10 @@ def test_propose_takes_distinct_levels_and_is_deterministic(world):
         assert c.operator.name in c.question.noise.operators
         by_question.setdefault(c.question.question_id, []).append(c.operator.level)
     assert all(len(levels) == len(set(levels)) <= 2 for levels in by_question.values())
+    # A vetoed family is never tried: the question falls back to its next admitted operator.
+    vetoed = first[0]
+    family = (vetoed.question.template.id, vetoed.operator.name)
+    without, _ = propose(world.db, questions, SEED, per_question=2, vetoed_families=frozenset({family}))
+    assert family not in {(c.question.template.id, c.operator.name) for c in without}
+    untouched = [c.fingerprint() for c in first if c.question.template.id != family[0]]
+    assert [c.fingerprint() for c in without if c.question.template.id != family[0]] == untouched

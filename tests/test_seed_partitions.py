@@ -197,7 +197,8 @@ def test_a_veto_removes_its_pair_and_only_selection_replaces_it(seeds):
     assert all(after[i]["question_id"] == before[vetoed]["question_id"]
                or after[i]["template_id"] == before[vetoed]["template_id"] for i in replacements)
     manifest = json.loads((layout.root / "manifest.json").read_text())
-    assert manifest["vetoes"] == [{"pair_id": vetoed, "reason": "the test vetoes it", "removed": 1}]
+    assert manifest["vetoes"] == [{"pair_id": vetoed, "reason": "the test vetoes it", "acts_at": "selection",
+                                   "removed": 1}]
     (event,) = [e for e in result.get_asset_materialization_events()
                 if e.asset_key == dg.AssetKey("perturbation_audit")]
     assert vetoed in event.materialization.metadata["vetoes"].value

@@ -57,7 +57,7 @@ def test_a_vetoed_pair_is_replaced_and_nothing_else_moves():
     assert vetoed["pair_id"] not in ids_after
     assert ids_before - {vetoed["pair_id"]} <= ids_after
     assert all(p["question_id"] == vetoed["question_id"] for p in after if p["pair_id"] not in ids_before)
-    assert vetoes.report(pairs) == [{"pair_id": vetoed["pair_id"], "reason": "test", "removed": 1}]
+    assert vetoes.report(pairs) == [{"pair_id": vetoed["pair_id"], "reason": "test", "acts_at": "selection", "removed": 1}]
 
 
 def test_a_vetoed_family_is_never_selected():

@@ -55,7 +55,7 @@ def perturbation_audit(context: dg.AssetExecutionContext, benchmark_run: Benchma
     records = read_candidates(layout)
     pairs = pq.read_table(layout.verified_pairs).to_pylist()
     vetoes = json.loads(layout.vetoes_applied.read_text())
-    applied = Vetoes(tuple(Veto(**{k: v for k, v in entry.items() if k != "removed"}) for entry in vetoes))
+    applied = Vetoes(tuple(Veto(**{k: v for k, v in entry.items() if k not in ("removed", "acts_at")}) for entry in vetoes))
     operators = operator_audit(records, pairs, applied)
     context.log.info(f"auditing {len(pairs):,} shipped pairs of seed {seed}")
     rows = changed_rows(layout.published_staged, pairs)

@@ -44,7 +44,8 @@ def noise_candidates(context: dg.AssetExecutionContext, benchmark_run: Benchmark
     context.log.info(f"seed {seed_of(context)}: proposing and verifying candidates for "
                      f"{questions.num_rows:,} clean questions")
     records, report = candidate_records(layout.staged, questions, seed_of(context),
-                                        workers=benchmark_run.workers, progress=verification_progress(context.log.info))
+                                        workers=benchmark_run.workers, progress=verification_progress(context.log.info),
+                                        vetoed_families=load_vetoes(benchmark_run.vetoes).families())
     layout.not_applicable.parent.mkdir(parents=True, exist_ok=True)
     layout.not_applicable.write_text(json.dumps(dict(sorted(report.not_applicable.items()))))
     for level in NOISE_LEVELS:

@@ -55,19 +55,21 @@ def run_operator(db: Database, q: CleanQuestion, name: str, seed: int, pools: di
 
 
 def propose(db: Database, questions: list[CleanQuestion], seed: int,
-            per_question: int = DEFAULT_OPERATORS_PER_QUESTION) -> tuple[list[Candidate], CandidateReport]:
+            per_question: int = DEFAULT_OPERATORS_PER_QUESTION,
+            vetoed_families: frozenset[tuple[str, str]] = frozenset()) -> tuple[list[Candidate], CandidateReport]:
     """Up to ``per_question`` candidates per question, each from a different noise level.
 
     Value-level noise applies to the fewest questions, so it is tried first; the other levels
     follow in a seeded order, and within a level the admitted operators are tried in a seeded
-    order until one applies."""
+    order until one applies. A reviewer's vetoed (template, operator) families are never tried,
+    so the question's next admitted operator takes their place."""
     started = time.perf_counter()
     report = CandidateReport()
     pools = entity_pools(questions)
     out: list[Candidate] = []
     for q in questions:
         rng = np.random.default_rng([seed, stable_int(q.question_id)])
-        admitted = q.noise.operators
+        admitted = [o for o in q.noise.operators if (q.template.id, o) not in vetoed_families]
         order = [SCARCEST_LEVEL] + [OTHER_LEVELS[i] for i in rng.permutation(len(OTHER_LEVELS))]
         taken = 0
         for level in order:

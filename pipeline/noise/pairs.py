@@ -100,14 +100,15 @@ def pair_record(c: Candidate, verification: dict, seed: int) -> dict:
     ))
 
 
-def _shard(staged_dir: str, rows: list[dict], seed: int, per_question: int) -> tuple[list[dict], Counter]:
+def _shard(staged_dir: str, rows: list[dict], seed: int, per_question: int,
+           vetoed_families: frozenset[tuple[str, str]]) -> tuple[list[dict], Counter]:
     templates = load_templates()
     db = Database(staged_dir)
     try:
         register_bounds(db.con, db.tables)
         questions = load_questions(pa.Table.from_pylist(rows), templates)
         pools = entity_pools(questions)
-        candidates, proposal = propose(db, questions, seed, per_question)
+        candidates, proposal = propose(db, questions, seed, per_question, vetoed_families)
         records = verify_candidates(db, candidates, lambda c: run_operator(db, c.question, c.operator.name, seed, pools))
     finally:
         db.close()
@@ -117,10 +118,12 @@ def _shard(staged_dir: str, rows: list[dict], seed: int, per_question: int) -> t
 def candidate_records(staged_dir: str | os.PathLike, questions: pa.Table, seed: int,
                       per_question: int = DEFAULT_OPERATORS_PER_QUESTION,
                       workers: int | None = None,
-                      progress: Callable[[int, int, list[dict]], None] | None = None) -> tuple[list[dict], NoiseReport]:
+                      progress: Callable[[int, int, list[dict]], None] | None = None,
+                      vetoed_families: frozenset[tuple[str, str]] = frozenset()) -> tuple[list[dict], NoiseReport]:
     """Every candidate pair for the clean ``questions`` with its verification, sorted by pair_id.
 
-    ``progress(shards_done, shards, records)`` is called as each shard finishes, with its records."""
+    ``progress(shards_done, shards, records)`` is called as each shard finishes, with its records;
+    ``vetoed_families`` (template_id, operator) are never proposed."""
     started = time.perf_counter()
     rows = questions.to_pylist()
     workers = max(1, min(workers or os.cpu_count() or 1, len(rows) or 1))
@@ -131,13 +134,14 @@ def candidate_records(staged_dir: str | os.PathLike, questions: pa.Table, seed: 
     for r in rows:
         shards[stable_int(r["template_id"]) % n_shards].append(r)
     if workers == 1:
-        results = [_shard(str(staged_dir), shards[0], seed, per_question)]
+        results = [_shard(str(staged_dir), shards[0], seed, per_question, vetoed_families)]
         if progress:
             progress(1, 1, results[0][0])
     else:
         ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-            futures = [pool.submit(_shard, str(staged_dir), s, seed, per_question) for s in shards if s]
+            futures = [pool.submit(_shard, str(staged_dir), s, seed, per_question, vetoed_families)
+                       for s in shards if s]
             for done, future in enumerate(as_completed(futures), 1):
                 if progress:
                     progress(done, len(futures), future.result()[0])

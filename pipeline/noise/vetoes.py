@@ -9,10 +9,10 @@ resource's ``vetoes`` choose another file) holds a list of entries::
       operator: unit_scale
       reason: the scaled value is still clinically plausible for this lab
 
-Selection drops vetoed candidates before it ranks and balances, so a vetoed pair is never
-shipped and a vetoed family is never among the pairs selection chooses from; the slots they
-leave are filled by the next pairs in the seeded order. Candidates are still generated and
-verified (vetoes act after the expensive stage, so editing the file re-runs only selection).
+A vetoed family is never proposed (each question affected tries its next admitted operator
+instead); selection drops vetoed pairs before it ranks and balances, so a vetoed pair is never
+shipped and its slot is filled by the next pair in the seeded order. A pair veto acts after the
+expensive stage, so editing it re-runs only selection; a family veto re-runs the noise stage.
 """
 
 from __future__ import annotations
@@ -55,14 +55,21 @@ class Vetoes:
     def __bool__(self) -> bool:
         return bool(self.entries)
 
+    def families(self) -> frozenset[tuple[str, str]]:
+        """The vetoed (template_id, operator) families: the noise stage never proposes them."""
+        return frozenset((v.template_id, v.operator) for v in self.entries
+                         if v.template_id is not None and v.operator is not None)
+
     def veto_of(self, pair: dict) -> Veto | None:
         """The first entry that vetoes ``pair``, or None."""
         return next((v for v in self.entries if v.matches(pair)), None)
 
     def report(self, candidates: list[dict]) -> list[dict]:
-        """Every entry with the verified candidates it removed (manifest and audit)."""
+        """Every entry with where it acts and the verified candidates it removed at selection
+        (manifest and audit); a family acts at proposal, so it leaves none to remove."""
         verified = [c for c in candidates if c["verified"]]
-        return [{**v.as_dict(), "removed": sum(v.matches(c) for c in verified)} for v in self.entries]
+        return [{**v.as_dict(), "acts_at": "selection" if v.pair_id else "proposal",
+                 "removed": sum(v.matches(c) for c in verified)} for v in self.entries]
 
 
 NO_VETOES = Vetoes()
