@@ -108,7 +108,10 @@ class Benchmark:
         for t in sorted({r["table_name"] for rows in by_pair.values() for r in rows}):
             con.execute(f"CREATE SCHEMA {NOISY_PREFIX}{t}").fetchall()
             con.execute(f"CREATE VIEW {NOISY_PREFIX}{t}.{t} AS SELECT * EXCLUDE ({ROW_ID}) FROM main.{t}").fetchall()
-        used = con.execute("SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory()").fetchone()[0]
+        row = con.execute("SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory()").fetchone()
+        if row is None:
+            raise RuntimeError("DuckDB returned no row for the memory in use (an aggregate always has one)")
+        used = row[0]
         for setting in ("temp_directory = ''",
                         f"max_memory = '{used // 2**20 + sql_memory_mb}MB'",
                         "autoload_known_extensions = false",
@@ -152,7 +155,9 @@ class EpisodeDB:
             result = self.cursor.execute(sql)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)
-                return result.to_arrow_reader().read_all()
+                # duckdb's stub types to_arrow_reader() as RecordBatchReader | None, but with no open
+                # result it raises InvalidInputException; it never returns None
+                return result.to_arrow_reader().read_all()  # type: ignore[union-attr]
         except duckdb.InterruptException:
             raise QueryError(f"query stopped: it ran longer than the {seconds:g} s limit") from None
         except duckdb.Error as exc:

@@ -17,7 +17,7 @@ from typing import Self
 
 import pyarrow as pa
 
-from pipeline.gym.database import Benchmark, QueryError
+from pipeline.gym.database import Benchmark, Pair, QueryError
 from pipeline.gym.models import (
     SIDES,
     ActionError,
@@ -27,7 +27,9 @@ from pipeline.gym.models import (
     Observation,
     Start,
     TableInfo,
+    _Action,
     arguments_of,
+    is_side,
     parse_action,
     tool_schemas,
 )
@@ -73,7 +75,7 @@ class Env:
         self.schema_text = "\n".join(f"{t.name}({', '.join(f'{c.name} {c.type}' for c in t.columns)})"
                                      for t in self.tables)
         self._worker: Worker | None = None
-        self._pair = None
+        self._pair: Pair | None = None
         self._state: EpisodeState | None = None
         self._verdict: dict | None = None
         self._episodes = 0
@@ -84,7 +86,7 @@ class Env:
     # ------------------------------------------------------------------ episodes
     def reset(self, pair_id: str, side: str = "noise") -> Start:
         """Start an episode on ``pair_id``: its clean question on the clean base, or its noisy one."""
-        if side not in SIDES:
+        if not is_side(side):
             raise ValueError(f"side must be one of {', '.join(SIDES)}; got {side!r}")
         pair = self.benchmark.pair(pair_id)
         self._stop_worker()
@@ -105,12 +107,14 @@ class Env:
         state = self._require_open()
         state.step_count += 1
         call_id = f"call_{state.step_count}"
+        action: _Action | None
         try:
             action = parse_action(call)
         except ActionError as exc:
             raw = call.get("function", call) if isinstance(call, dict) else {}
             raw = raw if isinstance(raw, dict) else {}
-            name = raw.get("name") if isinstance(raw.get("name"), str) else "invalid"
+            name = raw.get("name")
+            name = name if isinstance(name, str) else "invalid"
             arguments = raw.get("arguments", {})
             content, terminal, action = f"error: {exc}", False, None
             self._record_call(call_id, name, arguments if isinstance(arguments, str) else
@@ -119,23 +123,21 @@ class Env:
             self._record_call(call_id, action.tool, json.dumps(arguments_of(action), ensure_ascii=False))
             content, terminal = TOOLS[action.tool](self, action)
         reward, info = None, {}
-        if terminal:
-            self._finish(judge(self._pair, state.side, action), action.tool)
+        if terminal and action is not None:  # only a parsed action's tool ends an episode
+            self._finish(state, judge(self._require_pair(), state.side, action), action.tool)
         elif state.step_count >= self.limits.max_steps:
-            verdict = judge(self._pair, state.side, _NoAction())
+            verdict = judge(self._require_pair(), state.side, _NoAction())
             verdict["reason"] = f"no answer, abstention or flag within {self.limits.max_steps} steps"
-            self._finish(verdict, "step_limit")
+            self._finish(state, verdict, "step_limit")
             content += f"\n[step limit of {self.limits.max_steps} reached: the episode is over]"
         if state.done:
-            reward, info = state.reward, {**self._verdict, "termination": state.termination}
+            reward, info = state.reward, {**self._require_verdict(), "termination": state.termination}
         self.messages.append({"role": "tool", "tool_call_id": call_id, "content": content})
         return Observation(content=content, done=state.done, reward=reward, info=info)
 
     @property
     def state(self) -> EpisodeState:
-        if self._state is None:
-            raise EpisodeError("no episode yet: call reset(pair_id, side) first")
-        return self._state.model_copy()
+        return self._require_state().model_copy()
 
     @property
     def reward(self) -> float | None:
@@ -151,14 +153,14 @@ class Env:
         state = self.state
         if not state.done:
             raise EpisodeError("the episode is not over yet: it has no reward to record")
-        pair = self._pair
+        pair, verdict = self._require_pair(), self._require_verdict()
         return {
             "messages": self.messages,
             "tools": self.tools,
             "metadata": {
                 "pair_id": pair.pair_id, "side": state.side, "intent": pair.intent, "level": pair.level,
                 "noise_level": pair.noise_level, "operator": pair.operator, "seed": pair.seed, "trial": trial,
-                "reward": state.reward, "termination": state.termination, "verdict": self._verdict["reason"],
+                "reward": state.reward, "termination": state.termination, "verdict": verdict["reason"],
                 "steps": state.step_count, "seconds": round(self._seconds, 6), "env_version": env_version(),
             },
         }
@@ -192,22 +194,36 @@ class Env:
         return table
 
     # ------------------------------------------------------------------ internals
-    def _require_open(self) -> EpisodeState:
+    def _require_state(self) -> EpisodeState:
         if self._state is None:
             raise EpisodeError("no episode yet: call reset(pair_id, side) first")
-        if self._state.done:
-            raise EpisodeError(f"the episode is over ({self._state.termination}); "
-                               "no more tool calls: call reset() to start another")
         return self._state
+
+    def _require_open(self) -> EpisodeState:
+        state = self._require_state()
+        if state.done:
+            raise EpisodeError(f"the episode is over ({state.termination}); "
+                               "no more tool calls: call reset() to start another")
+        return state
+
+    def _require_pair(self) -> Pair:
+        if self._pair is None:
+            raise EpisodeError("no episode yet: call reset(pair_id, side) first")
+        return self._pair
+
+    def _require_verdict(self) -> dict:
+        if self._verdict is None:
+            raise EpisodeError("the episode is not over yet: it has no verdict")
+        return self._verdict
 
     def _record_call(self, call_id: str, name: str, arguments: str) -> None:
         self.messages.append({"role": "assistant", "content": None, "tool_calls": [
             {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}]})
 
-    def _finish(self, verdict: dict, termination: str) -> None:
+    def _finish(self, state: EpisodeState, verdict: dict, termination: str) -> None:
         self._verdict = verdict
-        self._state.done, self._state.termination = True, termination
-        self._state.reward = 1.0 if verdict["correct"] else 0.0
+        state.done, state.termination = True, termination
+        state.reward = 1.0 if verdict["correct"] else 0.0
         self._seconds = time.perf_counter() - self._started
         self._stop_worker()
 

@@ -7,11 +7,17 @@ overlay and no expected behaviour; those stay inside :class:`pipeline.gym.env.En
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeGuard
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-SIDES = ("clean", "noise")
+Side = Literal["clean", "noise"]
+SIDES: tuple[Side, ...] = ("clean", "noise")
+
+
+def is_side(value: object) -> TypeGuard[Side]:
+    """Whether ``value`` is one of :data:`SIDES`."""
+    return value in SIDES
 
 
 class Limits(BaseModel):
@@ -19,22 +25,28 @@ class Limits(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    max_steps: int = Field(30, ge=1, description="tool calls per episode, terminal call included")
-    sql_seconds: float = Field(5.0, gt=0, description="wall time of one SQL query; the query is interrupted")
-    sql_rows: int = Field(50, ge=1, description="rows shown by the sql tool")
-    output_bytes: int = Field(8_000, ge=256, description="bytes of text one tool call returns")
-    sql_memory_mb: int = Field(2_048, ge=64, description="DuckDB memory beyond the loaded base (per process)")
-    python_seconds: float = Field(20.0, gt=0, description="wall time of one python call; its worker is killed")
-    python_cpu_seconds: int = Field(120, ge=1, description="CPU time of one python worker over its life")
-    python_memory_mb: int = Field(2_048, ge=256, description="address space of the python worker")
-    python_processes: int = Field(16, ge=1, description="processes the python worker may add")
-    python_open_files: int = Field(256, ge=32, description="open files of the python worker")
-    python_file_mb: int = Field(64, ge=1, description="largest file, and size of the scratch folder")
-    python_sql_rows: int = Field(200_000, ge=1, description="rows sql() may return inside python")
+    max_steps: int = Field(default=30, ge=1, description="tool calls per episode, terminal call included")
+    sql_seconds: float = Field(default=5.0, gt=0, description="wall time of one SQL query; the query is interrupted")
+    sql_rows: int = Field(default=50, ge=1, description="rows shown by the sql tool")
+    output_bytes: int = Field(default=8_000, ge=256, description="bytes of text one tool call returns")
+    sql_memory_mb: int = Field(default=2_048, ge=64, description="DuckDB memory beyond the loaded base (per process)")
+    python_seconds: float = Field(default=20.0, gt=0, description="wall time of one python call; its worker is killed")
+    python_cpu_seconds: int = Field(default=120, ge=1, description="CPU time of one python worker over its life")
+    python_memory_mb: int = Field(default=2_048, ge=256, description="address space of the python worker")
+    python_processes: int = Field(default=16, ge=1, description="processes the python worker may add")
+    python_open_files: int = Field(default=256, ge=32, description="open files of the python worker")
+    python_file_mb: int = Field(default=64, ge=1, description="largest file, and size of the scratch folder")
+    python_sql_rows: int = Field(default=200_000, ge=1, description="rows sql() may return inside python")
 
 
 class _Action(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    if TYPE_CHECKING:
+        # Every action names its tool: each subclass declares ``tool`` as a Literal pydantic field
+        # (the discriminator of :data:`Action`). Declared here for the type checker only, so the
+        # models and their schemas stay as they are.
+        tool: str
 
 
 class Sql(_Action):
@@ -133,6 +145,8 @@ def tool_schemas(categories: list[str]) -> list[dict]:
                                              "description": model.model_fields[arg].description}
         params["required"] = [k for k in params.get("required", []) if k != "tool"]
         params["additionalProperties"] = False
+        if model.__doc__ is None:
+            raise TypeError(f"{model.__name__} has no docstring: it is the {name} tool's description")
         tools.append({"type": "function", "function": {"name": name, "description": model.__doc__.strip(),
                                                        "parameters": params}})
     return tools
@@ -169,7 +183,7 @@ class Start(Observation):
     """The first observation of an episode: the question, the tables and the tools."""
 
     pair_id: str
-    side: Literal["clean", "noise"]
+    side: Side
     question: str
     tables: list[TableInfo]
     tools: list[dict]
@@ -180,7 +194,7 @@ class EpisodeState(BaseModel):
 
     episode_id: int
     pair_id: str
-    side: Literal["clean", "noise"]
+    side: Side
     question: str
     step_count: int = 0
     done: bool = False

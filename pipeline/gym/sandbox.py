@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO, NoReturn
 
 import pyarrow as pa
 
@@ -128,6 +129,7 @@ class Worker:
         self.stderr_tail = ""
         self.proc = subprocess.Popen(bwrap_command(hidden, limits), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, start_new_session=True, close_fds=True)
+        self._stdin, self._stdout, self._stderr = _pipes(self.proc)
         try:
             kind, payload = self._receive(time.monotonic() + STARTUP_SECONDS)
             ready = json.loads(payload) if kind == b"J" else {}
@@ -168,17 +170,17 @@ class Worker:
 
     def kill(self) -> None:
         """Kill the worker's whole process group (bwrap, its pid namespace and everything in it)."""
-        if self.proc.stdin.closed:
+        if self._stdin.closed:
             return
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
         self.proc.wait()
-        fd = self.proc.stderr.fileno()  # bwrap's own complaints, if it failed to set up the sandbox
+        fd = self._stderr.fileno()  # bwrap's own complaints, if it failed to set up the sandbox
         if select.select([fd], [], [], 0)[0]:
             self.stderr_tail = os.read(fd, 2000).decode(errors="replace").strip()
-        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+        for stream in (self._stdin, self._stdout, self._stderr):
             stream.close()
 
     def exit_description(self) -> str:
@@ -193,8 +195,8 @@ class Worker:
 
     def _send(self, kind: bytes, payload: bytes) -> None:
         try:
-            self.proc.stdin.write(struct.pack(">cI", kind, len(payload)) + payload)
-            self.proc.stdin.flush()
+            self._stdin.write(struct.pack(">cI", kind, len(payload)) + payload)
+            self._stdin.flush()
         except (BrokenPipeError, ValueError, OSError):
             self._gone(f"the worker {self.exit_description()}")
 
@@ -205,7 +207,7 @@ class Worker:
         return kind, self._read(size, deadline)
 
     def _read(self, n: int, deadline: float) -> bytes:
-        fd = self.proc.stdout.fileno()
+        fd = self._stdout.fileno()
         buf = b""
         while len(buf) < n:
             remaining = deadline - time.monotonic()
@@ -221,9 +223,16 @@ class Worker:
             buf += chunk
         return buf
 
-    def _gone(self, reason: str):
+    def _gone(self, reason: str) -> NoReturn:
         self.kill()
         raise WorkerGone(reason)
+
+
+def _pipes(proc: subprocess.Popen[bytes]) -> tuple[IO[bytes], IO[bytes], IO[bytes]]:
+    """The worker's stdin, stdout and stderr: always there, as :class:`Worker` starts it with three pipes."""
+    if proc.stdin is None or proc.stdout is None or proc.stderr is None:
+        raise RuntimeError("the python worker was started without pipes for stdin, stdout and stderr")
+    return proc.stdin, proc.stdout, proc.stderr
 
 
 def _ipc(table: pa.Table) -> bytes:

@@ -14,8 +14,9 @@ import math
 import re
 import unicodedata
 from collections.abc import Callable
+from typing import Any, Protocol
 
-from pipeline.gym.models import Abstain, Answer, Flag, _Action
+from pipeline.gym.models import Abstain, Answer, Flag
 
 NUMBER_ABS_TOL = 0.005 + 1e-9  # half the gold's rounding unit (2 decimals)
 NUMBER_REL_TOL = 1e-6
@@ -239,7 +240,17 @@ def score_answer(answer_type: str, gold_json: str, given) -> tuple[bool, str]:
         return False, f"unusable {answer_type} answer: {exc}"
 
 
-def judge(pair, side: str, action: _Action) -> dict:
+class Judged(Protocol):
+    """What :func:`judge` reads of an action: its tool and its arguments (an action, or the Env's
+    stand-in when the step limit ends an episode)."""
+
+    @property
+    def tool(self) -> str: ...
+
+    def model_dump(self, *, exclude: set[str]) -> dict[str, Any]: ...
+
+
+def judge(pair, side: str, action: Judged) -> dict:
     """The verdict on a terminal action: ``correct`` plus expected vs given and the reason."""
     behavior = "answer" if side == "clean" else pair.expected_behavior
     expected = pair.clean_answer if side == "clean" else pair.expected_answer

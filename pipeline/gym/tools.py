@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -91,6 +91,8 @@ def flag_tool(env: Env, action: Flag) -> tuple[str, bool]:
     return "Flag recorded; the episode is over.", True
 
 
-TOOLS: dict[str, Callable[[Env, object], tuple[str, bool]]] = {
+# Each tool takes the action class of its name (models.ACTION_TYPES); a dict cannot tie a key to its
+# value's argument type, so the registry types the action as Any.
+TOOLS: dict[str, Callable[[Env, Any], tuple[str, bool]]] = {
     "sql": sql_tool, "python": python_tool, "answer": answer_tool, "abstain": abstain_tool, "flag": flag_tool,
 }
