@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import duckdb
 import pyarrow.parquet as pq
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,6 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from pipeline.gym.agents import AGENTS  # noqa: E402
 from pipeline.gym.env import Env  # noqa: E402
+from pipeline.staging import attach_staged  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float:
@@ -45,6 +47,21 @@ def _episodes(benchmark: Path, rows: list[dict], start, out) -> None:
         env.reset(row["pair_id"], "clean")
         AGENTS["gold"](env, row)
     out.put((len(rows), time.perf_counter() - begin))
+
+
+def plain_duckdb_seconds(benchmark: Path, rows: list[dict]) -> list[float]:
+    """The baseline: each gold SQL on the clean staged tables in a plain in-memory DuckDB, fetched
+    in full, with no guard, no limits and no overlay views (both sides, as the sql steps)."""
+    con = duckdb.connect(config={"threads": 1})
+    attach_staged(con, benchmark / "staged", kind="TABLE")
+    times = []
+    for _ in ("clean", "noise"):
+        for row in rows:
+            t = time.perf_counter()
+            con.execute(row["gold_sql"]).fetchall()
+            times.append(time.perf_counter() - t)
+    con.close()
+    return times
 
 
 def episodes_per_second(benchmark: Path, rows: list[dict], workers: int) -> tuple[float, float]:
@@ -87,6 +104,10 @@ def main() -> None:
             sqls.append(time.perf_counter() - t)
     print(line("reset", resets))
     print(line("sql step (gold SQL)", sqls))
+    plain = plain_duckdb_seconds(args.benchmark, sample)
+    print(line("baseline: plain DuckDB", plain))
+    print(f"sql step / plain DuckDB      p50 {pct(sqls, 0.5) / pct(plain, 0.5):7.2f}x  "
+          "(guard, caps and episode views over the same query on the same tables)")
 
     env.reset(rows[0]["pair_id"], "noise")
     t = time.perf_counter()
