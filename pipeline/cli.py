@@ -152,7 +152,8 @@ def build_command(source, path, patients, seed, out, per_template, questions_per
         report = build(source, out, seed, path=path, patients=patients,
                        per_template=per_template or PAIRS_PER_TEMPLATE, workers=workers,
                        questions_per_template=questions_per_template or DEFAULT_PER_TEMPLATE,
-                       vetoes=load_vetoes(vetoes or VETOES_FILE), log=click.echo)
+                       vetoes=load_vetoes(vetoes or VETOES_FILE),
+                       log=click.echo if sys.stdout.isatty() else None)  # quiet when piped
     except (StagingError, BuildError, VetoError) as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(report.summary())

@@ -16,7 +16,9 @@ def verification_progress(log: Log) -> Callable[[int, int, list[dict]], None]:
     def progress(done: int, shards: int, records: list[dict]) -> None:
         seen["candidates"] += len(records)
         seen["verified"] += sum(r["verified"] for r in records)
-        rate = seen["candidates"] / max(time.perf_counter() - started, 1e-9)
+        elapsed = max(time.perf_counter() - started, 1e-9)
+        eta = elapsed / done * (shards - done)
         log(f"verification: shard {done}/{shards}, {seen['candidates']:,} candidates verified "
-            f"({seen['verified']:,} passed all checks), {rate:.1f} candidates/s")
+            f"({seen['verified']:,} passed all checks), {seen['candidates'] / elapsed:.1f} candidates/s, "
+            f"ETA {eta:.0f} s")
     return progress

@@ -84,3 +84,14 @@ def test_questions_on_a_folder_without_staged_tables_fails_in_one_line(tmp_path)
                                        "--out", str(tmp_path / "q.parquet"), "--workers", "2"])
     assert result.exit_code == 1 and f"no staged tables (<table>.parquet) in {tmp_path}" in result.output
     assert "Traceback" not in result.output
+
+
+def test_verification_progress_reports_shards_rate_and_eta():
+    from pipeline.progress import verification_progress
+
+    lines: list[str] = []
+    progress = verification_progress(lines.append)
+    progress(1, 4, [{"verified": True}, {"verified": False}])
+    progress(4, 4, [{"verified": True}])
+    assert lines[0].startswith("verification: shard 1/4, 2 candidates verified (1 passed all checks), ")
+    assert "candidates/s, ETA" in lines[0] and lines[1].endswith("ETA 0 s")
