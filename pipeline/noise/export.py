@@ -44,6 +44,7 @@ class PairRecord:
     naive_sql: str
     expected_behavior: str
     expected_answer: str | None
+    recovery_sql: str | None  # what a careful analyst runs on the noisy database to get expected_answer
     discrepancy: str
     evidence: str  # JSON: table -> _rids of the clean answer
     verification: str  # JSON: each check's outcome and what it measured

@@ -90,6 +90,9 @@ class Proposal:
     detector: Detector
     change_log: list[str]
     noisy_slots: dict
+    # The SQL a careful analyst runs on the noisy database to reach ``expected_answer`` (None when
+    # the expected behaviour carries no answer): the label is computed by it, and re-checked.
+    recovery_sql: str | None = field(default=None, kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,7 @@ class Candidate(Proposal):
         return json.dumps({
             "operator": self.operator.name, "question": self.noisy_question, "naive_sql": self.naive_sql,
             "behavior": self.expected_behavior, "answer": self.expected_answer, "slots": self.noisy_slots,
+            "recovery_sql": self.recovery_sql,
             "changes": [[c.table, c.op, c.rid, c.column, c.new_value_json()] for c in self.overlay.changes],
             "detector": [self.detector.reason, self.detector.scope, self.detector.sql, self.detector.clean_sql],
         }, sort_keys=True, default=str)

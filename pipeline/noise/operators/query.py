@@ -32,12 +32,12 @@ def _patient_slot(q) -> str | None:
     return next((s.name for s in q.template.slots if s.sampler == "patient"), None)
 
 
-def _proposal(q, slots, behavior, expected, detector_sql, clean_sql, log) -> Proposal:
+def _proposal(q, slots, behavior, expected, detector_sql, clean_sql, log, recovery_sql=None) -> Proposal:
     """The question re-rendered with ``slots`` on clean data, detected by ``detector_sql`` (which
-    must not fire for the clean question's ``clean_sql``)."""
+    must not fire for the clean question's ``clean_sql``); ``expected`` comes from ``recovery_sql``."""
     question, gold, _ = q.rerender(slots)
     return Proposal(Overlay(), question, gold, behavior, expected, Detector(sql=detector_sql, clean_sql=clean_sql),
-                    log, slots)
+                    log, slots, recovery_sql=recovery_sql)
 
 
 def _evidence_empty_sql(db, q, slots, dictionary, column, value) -> str:
