@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -119,7 +119,11 @@ def ship(records: list[dict], templates, seed: int, per_template: int = PAIRS_PE
          vetoes: Vetoes = NO_VETOES) -> list[dict]:
     """The verified records less the vetoed ones, balanced and capped, each with its template's split."""
     selected = select_pairs([r for r in records if r["verified"]], seed, per_template, vetoes=vetoes)
-    splits = template_splits([p["template_id"] for p in selected], {t.id: (t.intent, t.level) for t in templates}, seed)
+    operators_of: dict[str, set[str]] = defaultdict(set)
+    for p in selected:
+        operators_of[p["template_id"]].add(p["operator"])
+    splits = template_splits([p["template_id"] for p in selected], {t.id: (t.intent, t.level) for t in templates}, seed,
+                             operators_of)
     return [{**p, "split": splits[p["template_id"]]} for p in selected]
 
 
