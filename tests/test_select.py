@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from collections import Counter
 
-from pipeline.noise.select import OPERATOR_SHARES, select_pairs, split_gaps, template_splits, violations
+from pipeline.noise.select import (
+    OPERATOR_SHARES,
+    TRUE_SHARE,
+    select_pairs,
+    split_gaps,
+    template_splits,
+    true_share,
+    violations,
+)
 from pipeline.questions.templates import INTENTS
 
 LEVELS = ("record", "value", "query")
@@ -24,7 +32,9 @@ def _pairs(operators: dict[str, int]) -> list[dict]:
                         out.append({"pair_id": f"{qid}-{op}", "question_id": qid, "template_id": f"{intent}-{t}",
                                     "intent": intent, "level": "population" if t % 2 else "patient",
                                     "noise_level": level, "operator": op, "verified": True,
-                                    "noisy_question": f"{qid} {op}", "naive_sql": "SELECT 1"})
+                                    "noisy_question": f"{qid} {op}", "naive_sql": "SELECT 1",
+                                    "answer_type": "boolean" if t == 3 else "number",
+                                    "clean_answer": "false" if t == 3 and q % 5 == 0 else "true"})
     return out
 
 
@@ -42,6 +52,7 @@ def test_a_dominant_operator_is_capped_and_a_rare_one_lifted():
     assert len(shares) == 17 and max(shares.values()) <= ceiling * len(selected)
     assert shares["query_rare"] >= floor * len(selected)
     assert not violations(selected)
+    assert true_share(pairs) == 0.8 and TRUE_SHARE[0] <= true_share(selected) <= TRUE_SHARE[1]
     assert selected == select_pairs(pairs, 0, per_template=12)  # deterministic
 
 

@@ -16,7 +16,8 @@ def _pairs() -> list[dict]:
     return [{"pair_id": f"{intent}-{t}-{q}-{level}", "question_id": f"{intent}-{t}-{q}",
              "template_id": f"{intent}-{t}", "intent": intent, "level": "population" if t else "patient",
              "noise_level": level, "operator": f"op_{level}", "verified": True,
-             "noisy_question": f"q {intent} {t} {q} {level}", "naive_sql": "SELECT 1"}
+             "noisy_question": f"q {intent} {t} {q} {level}", "naive_sql": "SELECT 1",
+             "answer_type": "number", "clean_answer": "1"}
             for intent in INTENTS for t in range(2) for q in range(6) for level in LEVELS]
 
 

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 MIN_SHARES = {"intent": 0.10, "noise_level": 0.25, "level": {"population": 0.25}}
 OPERATOR_SHARES = (0.01, 0.15)  # every operator's share of shipped pairs, where its candidates allow
+TRUE_SHARE = (0.35, 0.65)  # of boolean questions' clean answers: "yes" must not be a safe guess
 SPLITS = (("train", 0.7), ("dev", 0.1), ("test", 0.2))
 
 
@@ -51,7 +52,8 @@ def select_pairs(pairs: list[dict], seed: int, per_template: int, per_question: 
     Then every operator is brought within :data:`OPERATOR_SHARES` — its next-ranked pairs beyond
     the template cap admitted while it is below the floor, its lowest-ranked pairs dropped while it
     is above the ceiling — and while a minimum share of :data:`MIN_SHARES` is unmet, the
-    lowest-ranked pairs of the most over-represented value of that dimension are dropped.
+    lowest-ranked pairs of the most over-represented value of that dimension are dropped; boolean
+    questions keep their true answers within :data:`TRUE_SHARE`.
     Pairs ``vetoes`` names (one by one or by template × operator family) are dropped first, so the
     next pairs in the seeded order take their slots.
     """
@@ -75,8 +77,11 @@ def select_pairs(pairs: list[dict], seed: int, per_template: int, per_question: 
             selected.append(p)
     for _ in range(5):
         selected = _within_operator_shares(selected, ranked, per_question, seed)
+        selected = _balance_booleans(selected)
         selected = _meet_minimums(selected)
-        if not _operators_outside_shares(selected, ranked) and not violations(selected):
+        share = true_share(selected)
+        if (not _operators_outside_shares(selected, ranked) and not violations(selected)
+                and (share is None or TRUE_SHARE[0] <= share <= TRUE_SHARE[1])):
             break
     return sorted(selected, key=lambda p: p["pair_id"])
 
@@ -169,6 +174,27 @@ def _within_operator_shares(selected: list[dict], ranked: list[dict], per_questi
                                                  key=lambda p: _rank(seed, p))[-k:]}
             selected = [p for p in selected if p["pair_id"] not in drop]
     return sorted(selected, key=lambda p: _rank(seed, p))
+
+
+def true_share(pairs: list[dict]) -> float | None:
+    """The share of boolean pairs whose clean answer is true (None without boolean pairs)."""
+    answers = [p["clean_answer"] == "true" for p in pairs if p["answer_type"] == "boolean"]
+    return sum(answers) / len(answers) if answers else None
+
+
+def _balance_booleans(selected: list[dict]) -> list[dict]:
+    """Drop the lowest-ranked boolean pairs of the over-represented answer into :data:`TRUE_SHARE`."""
+    share = true_share(selected)
+    if share is None or TRUE_SHARE[0] <= share <= TRUE_SHARE[1]:
+        return selected
+    booleans = [p for p in selected if p["answer_type"] == "boolean"]
+    heavy = "true" if share > TRUE_SHARE[1] else "false"
+    light = sum(p["clean_answer"] != heavy for p in booleans)
+    # keep h of the heavy answer: h / (h + light) <= upper bound
+    keep = math.floor(light * TRUE_SHARE[1] / (1 - TRUE_SHARE[1]))
+    heavy_pairs = [p for p in booleans if p["clean_answer"] == heavy]
+    drop = {p["pair_id"] for p in heavy_pairs[keep:]}
+    return [p for p in selected if p["pair_id"] not in drop]
 
 
 def _meet_minimums(selected: list[dict]) -> list[dict]:
