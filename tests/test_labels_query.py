@@ -15,7 +15,7 @@ import json
 
 import numpy as np
 import pytest
-from test_noise_operators import CK, DATA, P1, P2, P3, STAGED, T, TEMPLATES, _arrow, _lab
+from test_noise_operators import CK, DATA, P1, P2, P3, STAGED, TEMPLATES, T, _arrow, _lab
 
 from pipeline.noise.candidates import operator_rng
 from pipeline.noise.model import CleanQuestion, OperatorParams, answer_of
