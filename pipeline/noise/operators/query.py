@@ -48,9 +48,12 @@ KIND_OF = {"lab_item_icu": "lab_item", "icu_procedure_timed": "icu_procedure", "
 # narrower query-level operators take their turn instead of it winning every question it is tried on.
 NONEXISTENT_DECLINED = 0.5
 # An ambiguous short name is the head MIMIC puts before a qualifier: "Creatine Kinase" of
-# "Creatine Kinase, MB Isoenzyme", "Insulin" of "Insulin - Glargine", "Sodium" of "Sodium (serum)".
-HEAD = re.compile(r"^([A-Za-z][A-Za-z ]*[A-Za-z])(?:, | - | \()")
+# "Creatine Kinase, MB Isoenzyme", "Insulin" of "Insulin - Glargine", "Sodium" of "Sodium (serum)"
+# -- a parenthesis only at the end or before a comma, so "Essential (primary) hypertension" has none.
+HEAD = re.compile(r"^([A-Za-z][A-Za-z ]*[A-Za-z])(?:, | - | \([^()]*\)(?:$|,))")
+QUALIFIER_WORDS = {"unspecified", "other", "with", "without", "not", "elsewhere", "and"}  # no short name has them
 MAX_READINGS = 8  # a head shared by more names is a category, not a short name
+MAX_WORDS = 4  # "Respiratory Ventilation", not "Extirpation of Matter from Left Common Iliac Vein"
 
 
 def _entity(q):
@@ -277,8 +280,9 @@ def _readings_sql(q, slot: str, names: list[str]) -> str:
 def ambiguous_reference(db, q, params, rng):
     """Name the entity by its clinical short name (the head MIMIC's names share before a qualifier,
     "Creatine Kinase" for "Creatine Kinase (CK)" and "Creatine Kinase, MB Isoenzyme"), where the
-    short name is no name itself and every name it is short for has data for this question, with
-    different answers: the agent should flag the ambiguity and answer each reading."""
+    short name is no name itself and two or more of the names it is short for have data for this
+    question (the readings), with different answers: the agent should flag the ambiguity and
+    answer each reading."""
     entity = _entity(q)
     if entity is None:
         return None
@@ -289,11 +293,14 @@ def ambiguous_reference(db, q, params, rng):
             f"SELECT count(*) FROM {table} WHERE lname = {sql_literal(match.group(1).lower())}"):
         return None
     head = match.group(1)
+    if len(head.split()) > MAX_WORDS or set(head.lower().split()) & QUALIFIER_WORDS:
+        return None
     names = [r[0] for r in db.rows(_family_sql(table, head))]
     if not 2 <= len(names) <= MAX_READINGS:
         return None
+    names = [n for n in names if db.scalar(f"SELECT count(*) FROM ({q.rerender({**q.slots, slot: n})[2]}) AS ev")]
     answers = [gold_answer(db, q, sql=q.rerender({**q.slots, slot: n})[1]) for n in names]
-    if None in answers or AMBIGUOUS in answers or len(set(answers)) < 2:
+    if len(names) < 2 or None in answers or AMBIGUOUS in answers or len(set(answers)) < 2:
         return None
     recovery = _readings_sql(q, slot, names)
     return _proposal(q, {**q.slots, slot: head}, "flag", _ambiguous_sql(table, head), _ambiguous_sql(table, value),
