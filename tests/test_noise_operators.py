@@ -57,6 +57,7 @@ P1, P2, P3 = 10000001, 10000002, 10000003
 H1, H2, H3, H4 = 20000001, 20000002, 20000003, 20000004  # H1, H2: P1's first and second stays
 S1, S2 = 30000001, 30000002
 K, NA, CREAT, K_WB, BE, K_ART = 50971, 50983, 50912, 50822, 50802, 50833
+CK, CK_MB = 50910, 50911
 FOLEY = 226559
 
 
@@ -97,6 +98,8 @@ DATA: dict[str, list[dict]] = {
         dict(itemid=K_WB, label="Potassium, Whole Blood", fluid="Blood", category="Blood Gas"),
         dict(itemid=BE, label="Base Excess", fluid="Blood", category="Blood Gas"),
         dict(itemid=K_ART, label="Potassium, Arterial", fluid="Blood", category="Blood Gas"),
+        dict(itemid=CK, label="Creatine Kinase (CK)", fluid="Blood", category="Chemistry"),
+        dict(itemid=CK_MB, label="Creatine Kinase, MB Isoenzyme", fluid="Blood", category="Chemistry"),
     ],
     "labevents": [
         _lab(1, P1, H1, K, T(2150, 1, 2, 6), "3.9", "mEq/L", 3.3, 5.1),      # rid 0
@@ -112,6 +115,8 @@ DATA: dict[str, list[dict]] = {
         _lab(11, P1, H1, BE, T(2150, 1, 2, 6, 30), "-3", "mEq/L"),           # rid 10: negative values
         _lab(12, P2, H3, BE, T(2160, 5, 2, 7), "2", "mEq/L"),                # rid 11
         _lab(13, P1, H1, K_ART, T(2150, 1, 2, 6, 30), "3.7", "mEq/L"),       # rid 12
+        _lab(14, P1, H1, CK, T(2150, 1, 3, 6), "120", "IU/L"),               # rid 13: "creatine kinase"
+        _lab(15, P1, H1, CK_MB, T(2150, 1, 3, 6), "4", "ng/mL"),             # rid 14: reads two ways
     ],
     "d_icd_diagnoses": [
         dict(icd_code="N179", icd_version=10, long_title="Acute kidney failure, unspecified"),
@@ -249,6 +254,18 @@ TEMPLATES = {t.id: t for t in [
         NoiseSpec(evidence_table="admissions", time_column="admittime", window=("year",),
                   operators=("window_outside_record",))),
     Template(
+        "t_adm_year_longest", "encounters", "patient",
+        ["How many days did patient {{ subject_id }}'s longest hospital stay that began in {{ year }} last?",
+         "In {{ year }}, what was patient {{ subject_id }}'s longest hospital stay, in days?"],
+        "SELECT max(date_diff('day', admittime, dischtime)) FROM admissions "
+        "WHERE subject_id = {{ subject_id|sql }} AND year(admittime) = {{ year }}",
+        "SELECT 'admissions' AS table_name, _rid FROM admissions "
+        "WHERE subject_id = {{ subject_id|sql }} AND year(admittime) = {{ year }}",
+        [Slot("subject_id", "patient", {"source": "admission"}), Slot("year", "year", {"patient": "subject_id"})],
+        "integer", ["admissions"],
+        NoiseSpec(evidence_table="admissions", time_column="admittime", window=("year",),
+                  operators=("window_outside_record",))),
+    Template(
         "t_foley_first_icu", "icu_monitoring", "patient",
         ["How much {{ output_label }} output did patient {{ subject_id }} have during their first ICU stay?",
          "What was patient {{ subject_id }}'s total {{ output_label }} output in their earliest ICU stay?"],
@@ -278,6 +295,8 @@ QUESTIONS = {
     "dx_patients": ("t_dx_patients", {"diagnosis": "Acute kidney failure, unspecified"}, "2",
                     {"diagnoses_icd": [0, 5]}),  # N179 (ICD-10) for P1, 5849 (ICD-9) for P2
     "adm_year": ("t_adm_year", {"subject_id": P1, "year": 2150}, "1", {"admissions": [0]}),
+    "adm_longest": ("t_adm_year_longest", {"subject_id": P1, "year": 2150}, "5", {"admissions": [0]}),
+    "lab_ck": ("t_lab_last", {"subject_id": P1, "lab_label": "Creatine Kinase (CK)"}, "120.0", {"labevents": [13]}),
     "foley": ("t_foley_first_icu", {"subject_id": P1, "output_label": "Foley"}, "750.0",
               {"outputevents": [0, 1]}),
 }
@@ -386,8 +405,7 @@ class Case:
 
 K3 = "SELECT {} FROM labevents WHERE labevent_id = 3"
 TWINS = "SELECT valuenum, value FROM labevents WHERE itemid = 50971 AND charttime = TIMESTAMP '2150-01-05 06:00:00' ORDER BY valuenum"
-ACUTE = ('[["Acute kidney failure, unspecified",true],'
-         '["Acute respiratory failure, unspecified whether with hypoxia or hypercapnia",false]]')
+CK_READINGS = '[["Creatine Kinase (CK)",120.0],["Creatine Kinase, MB Isoenzyme",4.0]]'
 
 
 def _misspelt(original: str, slot: str):
@@ -469,11 +487,12 @@ CASES = [
     Case("misspelled_entity", "dx_patients", "answer", "2",
          slots=_misspelt("Acute kidney failure, unspecified", "diagnosis")),
     Case("misspelled_entity", "lab_k", "answer", "4.2", slots=_misspelt("Potassium", "lab_label")),
-    Case("window_outside_record", "adm_year", "abstain", None,
+    Case("window_outside_record", "adm_longest", "abstain", None,
          slots=lambda s: s["subject_id"] == P1 and (2142 <= s["year"] <= 2147 or 2154 <= s["year"] <= 2159)),
     Case("false_premise", "lab_k", "abstain", None,  # P3 had no lab at all; P2 had potassium
          slots=lambda s: s == {"subject_id": P3, "lab_label": "Potassium"}),
-    Case("ambiguous_reference", "dx_ever", "flag", ACUTE, slots=lambda s: s == {"subject_id": P1, "diagnosis": "acute"}),
+    Case("ambiguous_reference", "lab_ck", "flag", CK_READINGS,
+         slots=lambda s: s == {"subject_id": P1, "lab_label": "Creatine Kinase"}),
 ]
 
 
@@ -593,8 +612,8 @@ def test_naive_answers_by_hand(records):
     assert naive["temporal_inversion-icu_hours"] == "-60.0"
     assert naive["absent_event-lab_k"] is None
     assert naive["misspelled_entity-dx_patients"] == "0"
-    assert naive["window_outside_record-adm_year"] == "0"
-    assert naive["ambiguous_reference-dx_ever"] == "false"
+    assert naive["window_outside_record-adm_longest"] is None
+    assert naive["ambiguous_reference-lab_ck"] is None
 
 
 def test_verification_in_one_batch_matches_one_by_one(world, candidates, records):

@@ -115,7 +115,18 @@ class Candidate(Proposal):
 
 
 def answer_of(rows: list[tuple], answer_type: str) -> str | None:
-    """Normalised answer of query rows; None when empty, :data:`AMBIGUOUS` when several."""
+    """Normalised answer of query rows; None when empty, :data:`AMBIGUOUS` when several.
+
+    Rows of two columns ``(reading, value)`` answer an ambiguous name once per reading, as
+    ``[[reading, answer], ...]`` by reading (the form :mod:`pipeline.gym.scoring` grades); readings
+    without an answer are left out."""
+    if rows and len(rows[0]) == 2:
+        by_reading: dict[str, list[tuple]] = {}
+        for reading, value in rows:
+            by_reading.setdefault(reading, []).append((value,))
+        answers = [(r, answer_of(v, answer_type)) for r, v in sorted(by_reading.items())]
+        readings = [[r, json.loads(a)] for r, a in answers if a is not None and a != AMBIGUOUS]
+        return json.dumps(readings, ensure_ascii=False, separators=(",", ":")) if readings else None
     try:
         return normalise(rows, answer_type)
     except AnswerError as exc:
