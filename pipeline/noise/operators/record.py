@@ -150,8 +150,8 @@ def duplicate_conflict(db, q, params, rng):
     table, column = q.evidence_table, value_column(q)
     rows = [r for r in evidence_rows(db, q) if column and r.get(column) is not None]
     row = pick(rng, rows)
-    if row is None or table not in RULES or column in RULES[table].key:
-        return None
+    if row is None or table not in RULES or column != RULES[table].value or column in RULES[table].key:
+        return None  # the event's identity, or a cell the duplicate check does not compare
     changes = _conflicting(db, table, column, row, rng)
     if changes is None:
         return None
