@@ -33,7 +33,7 @@ from pipeline.questions.templates import sql_literal
 from pipeline.schema import ROW_ID, TABLES
 
 CONFLICT_FACTORS = (0.6, 0.75, 1.3, 1.5)  # a twin's value: different, yet plausible
-CONFLICT_HOURS = (-12, -6, 6, 12, 24)  # a twin's time
+CONFLICT_HOURS = (-12, -6, 6, 12, 24)  # a twin's date-time value
 # How far outside its stay a displaced row lands, in minutes: the demo's events outside their
 # admission or ICU stay lie minutes to ~20 hours beyond it.
 DISPLACEMENT_MINUTES = (60, 24 * 60)
@@ -127,14 +127,8 @@ def _conflicting(db: Database, table: str, column: str, row: dict, rng) -> dict 
             lo, hi = row.get("ref_range_lower"), row.get("ref_range_upper")
             changes["flag"] = "abnormal" if (lo is not None and new < lo) or (hi is not None and new > hi) else None
         return changes
-    if isinstance(old, dt.datetime):  # a time recorded twice: hours apart, the stay's length to match
-        when = old + dt.timedelta(hours=int(pick(rng, list(CONFLICT_HOURS))))
-        start = RULES[table].time
-        if column == RULES[table].end and isinstance(row.get(start), dt.datetime) and when <= row[start]:
-            return None
-        if has_column(table, "los") and column == RULES[table].end:
-            return {column: when, "los": (when - row[start]).total_seconds() / 86400}
-        return {column: when}
+    if isinstance(old, dt.datetime):  # a recorded date-time value (datetimeevents): hours apart
+        return {column: old + dt.timedelta(hours=int(pick(rng, list(CONFLICT_HOURS))))}
     others = [r[0] for r in db.rows(
         f"SELECT DISTINCT {column} FROM base.{table} WHERE {column} IS NOT NULL "
         f"AND {column} <> {sql_literal(old)} ORDER BY 1 LIMIT 50")]
