@@ -221,6 +221,16 @@ TEMPLATES = {t.id: t for t in [
                   entity_slot=EntitySlot("drug", "prescriptions", "drug"),
                   operators=("duplicate_exact", "nonexistent_entity", "misspelled_entity", "temporal_inversion"))),
     Template(
+        "t_rx_first", "medications", "patient",
+        ["When did patient {{ subject_id }} first start {{ drug }} during their first hospital stay?"],
+        f"SELECT min(starttime) FROM prescriptions WHERE subject_id = {{{{ subject_id|sql }}}} "
+        f"AND drug = {{{{ drug|sql }}}} AND hadm_id = {FIRST_HADM}",
+        f"SELECT 'prescriptions' AS table_name, _rid FROM prescriptions WHERE subject_id = {{{{ subject_id|sql }}}} "
+        f"AND drug = {{{{ drug|sql }}}} AND hadm_id = {FIRST_HADM} QUALIFY rank() OVER (ORDER BY starttime) = 1",
+        [Slot("subject_id", "patient", {"source": "drug"}), Slot("drug", "drug", {"patient": "subject_id"})],
+        "datetime", ["prescriptions", "admissions"],
+        NoiseSpec(evidence_table="prescriptions", time_column="starttime", operators=("time_displaced",))),
+    Template(
         "t_dx_ever", "diagnoses", "patient",
         ["Has patient {{ subject_id }} ever been diagnosed with {{ diagnosis }}?",
          "Is there a recorded diagnosis of {{ diagnosis }} for patient {{ subject_id }}?"],
@@ -297,6 +307,8 @@ QUESTIONS = {
     "adm_year": ("t_adm_year", {"subject_id": P1, "year": 2150}, "1", {"admissions": [0]}),
     "adm_longest": ("t_adm_year_longest", {"subject_id": P1, "year": 2150}, "5", {"admissions": [0]}),
     "lab_ck": ("t_lab_last", {"subject_id": P1, "lab_label": "Creatine Kinase (CK)"}, "120.0", {"labevents": [13]}),
+    "rx_first": ("t_rx_first", {"subject_id": P1, "drug": "Furosemide"}, '"2150-01-01T12:00:00"',
+                 {"prescriptions": [0]}),
     "foley": ("t_foley_first_icu", {"subject_id": P1, "output_label": "Foley"}, "750.0",
               {"outputevents": [0, 1]}),
 }
@@ -431,22 +443,21 @@ CASES = [
          lambda rows: len(rows) == 2 and (4.2, "4.2") in rows
          and any(v != 4.2 and float(t) == v for v, t in rows),
          changes=[("labevents", "insert", len(DATA["labevents"]), None)], reason="duplicate_conflict"),
-    Case("orphan_link", "lab_k", "flag", "4.2", K3.format("hadm_id"), [(H1,)], [(None,)],
+    Case("orphan_link", "lab_k", "flag", "4.2",  # re-linked to H1, the one stay around its time
+         K3.format("hadm_id"), [(H1,)], lambda rows: rows[0][0] > H4,
          changes=[("labevents", "update", 2, "hadm_id")], reason="orphan_link"),
     Case("orphan_link", "foley", "flag", "750.0",
          "SELECT stay_id FROM outputevents WHERE stay_id IS DISTINCT FROM 30000001 AND subject_id = 10000001",
-         [], [(S2,)], changes=[("outputevents", "update", None, "stay_id")], reason="orphan_link"),
-    Case("time_displaced", "lab_k", "flag", "4.0",  # the last K without the displaced row: 4.0 (01-03 06:00)
-         K3.format("charttime"), [(T(2150, 1, 5, 6),)],
-         lambda rows: T(2150, 1, 7, 12) <= rows[0][0] < T(2150, 1, 12, 12) and rows[0][0].second == 0,
-         changes=[("labevents", "update", 2, "charttime")], reason="time_outside_stay"),
-    Case("time_displaced", "rx_count", "flag", "1",  # the displaced order set aside: one Furosemide left
+         [], lambda rows: len(rows) == 1 and rows[0][0] > S2,
+         changes=[("outputevents", "update", None, "stay_id")], reason="orphan_link"),
+    Case("time_displaced", "rx_first", "flag", '"2150-01-03T08:00:00"',  # the next Furosemide start
          "SELECT starttime, stoptime FROM prescriptions WHERE pharmacy_id = 40000001",
          [(T(2150, 1, 1, 12), T(2150, 1, 2, 12))],
-         lambda rows: rows[0][0] >= T(2150, 1, 7, 12) and rows[0][1] - rows[0][0] == dt.timedelta(days=1),
+         lambda rows: T(2149, 12, 31, 8) < rows[0][0] <= T(2150, 1, 1, 7) and rows[0][1] - rows[0][0] == dt.timedelta(days=1),
          changes=[("prescriptions", "update", 0, "starttime"), ("prescriptions", "update", 0, "stoptime")],
          reason="time_outside_stay"),
-    Case("missing_timestamp", "lab_k", "abstain", None, K3.format("charttime"), [(T(2150, 1, 5, 6),)], [(None,)],
+    Case("missing_timestamp", "lab_k", "flag", "4.2",  # its storetime still makes it the last
+         K3.format("charttime"), [(T(2150, 1, 5, 6),)], [(None,)],
          changes=[("labevents", "update", 2, "charttime")], reason="missing_timestamp"),
     # ---- value level
     Case("unit_scale", "lab_k", "flag", "4.2",  # x10 is the smallest slip past potassium's bound of 30
@@ -597,14 +608,13 @@ def test_noise_breaks_only_its_own_rule(world, candidates, case):
 def test_naive_answers_by_hand(records):
     """What a naive agent reads on the noisy side, worked out from the tiny tables."""
     naive = {cid: rec["naive_answer"] for cid, rec in records.items()}
-    assert naive["time_displaced-rx_count"] == "2"
+    assert naive["time_displaced-rx_first"] < '"2150-01-01T08:00:00"'  # before the admission
     assert naive["drop_evidence-icu_hours"] is None
     assert naive["duplicate_exact-rx_count"] == "3"
     assert naive["duplicate_exact-lab_k"] == AMBIGUOUS  # two "last" potassium values
     assert naive["duplicate_conflict-lab_k"] == AMBIGUOUS
     assert naive["orphan_link-lab_k"] == "4.0"  # the unlinked row falls out of the first stay
     assert naive["orphan_link-foley"] in ("300.0", "450.0")
-    assert naive["time_displaced-lab_k"] == "4.2"  # still "last", though charted after discharge
     assert naive["missing_timestamp-lab_k"] == "4.0"  # NULL time sorts last
     assert naive["unit_scale-lab_k"] == "42.0"
     assert naive["unit_label_mismatch-lab_creat"] == "97.26"
@@ -656,7 +666,7 @@ def test_operators_decline_what_they_cannot_perturb(world):
     assert run(db, qs["dx_patients"], "absent_event") is None
     assert run(db, qs["lab_k"], "window_outside_record") is None  # no year window
     assert run(db, qs["lab_k"], "temporal_inversion") is None  # labevents has no end time
-    assert run(db, qs["icu_hours"], "orphan_link") is None  # a stay cannot be orphaned from itself
+    assert run(db, qs["adm_year"], "orphan_link") is None  # an admission links to no stay
     assert run(db, qs["dx_ever"], "unit_scale") is None  # no numeric value
     assert run(db, qs["rx_count"], "missing_timestamp") is not None
 
