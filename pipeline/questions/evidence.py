@@ -113,46 +113,54 @@ def _checks(table: str, rule: Rule, present: set[str]) -> list[str]:
 
 
 def _scope_checks(table: str, rule: Rule, present: set[str]) -> list[str]:
-    """SELECT cand, reason ... queries over ``g`` and ``s`` (see :func:`_scope_ctes`)."""
+    """SELECT cand, reason, rows ... queries over ``g`` and ``s`` (see :func:`_scope_ctes`): how many
+    rows of each candidate's scope show the problem."""
     group = _scope_group(table)
     if group is None:
         return []
     entity, _ = group
     q: list[str] = []
     if rule.end:
-        q.append(f"SELECT cand, 'inverted_in_scope' FROM s WHERE {rule.end} < {rule.time}")
+        q.append(f"SELECT cand, 'inverted_in_scope', count(*) FROM s WHERE {rule.end} < {rule.time} GROUP BY cand")
     parent = PARENT_TIME.get((table, rule.time or ""))
     if parent == "admissions" and parent in present:
-        q.append(f"""SELECT s.cand, 'outside_stay_in_scope' FROM s JOIN admissions a USING (hadm_id)
-                     WHERE NOT (s.{rule.time} BETWEEN {_ADMISSION_WINDOW})""")
+        q.append(f"""SELECT s.cand, 'outside_stay_in_scope', count(*) FROM s JOIN admissions a USING (hadm_id)
+                     WHERE NOT (s.{rule.time} BETWEEN {_ADMISSION_WINDOW}) GROUP BY s.cand""")
     if parent == "icustays" and parent in present:
-        q.append(f"""SELECT s.cand, 'outside_stay_in_scope' FROM s JOIN icustays i USING (stay_id)
-                     WHERE s.{rule.time} NOT BETWEEN i.intime AND i.outtime""")
+        q.append(f"""SELECT s.cand, 'outside_stay_in_scope', count(*) FROM s JOIN icustays i USING (stay_id)
+                     WHERE s.{rule.time} NOT BETWEEN i.intime AND i.outtime GROUP BY s.cand""")
     if rule.unit:
-        q.append(f"""SELECT g.cand, 'several_units' FROM g JOIN (
+        q.append(f"""SELECT s.cand, 'several_units', count(*) FROM s JOIN (
                        SELECT itemid FROM {table} WHERE {rule.value} IS NOT NULL AND itemid IN (SELECT itemid FROM g)
-                       GROUP BY itemid HAVING count(DISTINCT coalesce({rule.unit}, '')) > 1) USING (itemid)""")
-    if rule.time and "admissions" in present:
-        q.append(f"""SELECT g.cand, 'unlinked_in_stay' FROM g JOIN admissions a USING (hadm_id)
+                       GROUP BY itemid HAVING count(DISTINCT coalesce({rule.unit}, '')) > 1) USING (itemid)
+                     GROUP BY s.cand""")
+    if rule.time and "admissions" in present:  # rows the evidence itself holds are not skipped
+        q.append(f"""SELECT g.cand, 'unlinked_in_stay', count(DISTINCT t._rid) FROM g JOIN admissions a USING (hadm_id)
                      JOIN {table} t ON t.subject_id = g.subject_id AND t.{entity} = g.{entity} AND t.hadm_id IS NULL
-                     WHERE t.{rule.time} BETWEEN {_ADMISSION_WINDOW}""")
+                     WHERE t.{rule.time} BETWEEN {_ADMISSION_WINDOW}
+                       AND NOT EXISTS (SELECT 1 FROM e WHERE e.cand = g.cand AND e._rid = t._rid)
+                     GROUP BY g.cand""")
     return q
 
 
 def check_evidence(con: duckdb.DuckDBPyConnection, evidence: dict[int, list[tuple[str, int]]],
-                   present: set[str]) -> dict[int, str]:
+                   present: set[str], material: float = 0.0) -> dict[int, str]:
     """Reason per rejected candidate (``{cand: reason}``); candidates absent from the result are clean.
-    ``evidence`` maps a candidate number to its ``(table_name, _rid)`` rows."""
+    ``evidence`` maps a candidate number to its ``(table_name, _rid)`` rows; ``material``: see
+    :func:`evidence_violations`."""
     rejected = {c: "no_evidence" for c, rows in evidence.items() if not rows}
-    for c, reasons in evidence_violations(con, evidence, present).items():
+    for c, reasons in evidence_violations(con, evidence, present, material=material).items():
         rejected[c] = min(reasons, key=REASONS.index)
     return rejected
 
 
 def evidence_violations(con: duckdb.DuckDBPyConnection, evidence: dict[int, list[tuple[str, int]]],
-                        present: set[str], reasons: set[str] | None = None) -> dict[int, set[str]]:
+                        present: set[str], reasons: set[str] | None = None,
+                        material: float = 0.0) -> dict[int, set[str]]:
     """Every reason that fires for each candidate's evidence rows; with ``reasons``, only the checks
-    that can report one of them run (a noise detector asks for its own reason only)."""
+    that can report one of them run (a noise detector asks for its own reason only). A scope reason
+    fires when its rows are more than the ``material`` share of the scope's rows: any row for a
+    patient's question; a population aggregate over hundreds of rows is not moved by one of them."""
     rows = [(c, t, r) for c, ev in evidence.items() for t, r in ev]
     if not rows:
         return {}
@@ -173,7 +181,11 @@ def evidence_violations(con: duckdb.DuckDBPyConnection, evidence: dict[int, list
                               for kind in (_checks, _scope_checks))
             if not checks + scoped:
                 continue
-            body = "\nUNION ALL\n".join(checks + scoped)
+            if scoped:
+                checks.append(f"""SELECT h.cand, h.reason FROM ({" UNION ALL ".join(scoped)}) h (cand, reason, n)
+                                  JOIN (SELECT cand, count(*) AS n FROM s GROUP BY cand) z USING (cand)
+                                  WHERE h.n > {float(material)} * z.n""")
+            body = "\nUNION ALL\n".join(checks)
             hits = con.execute(f"""
                 WITH e AS MATERIALIZED (SELECT ev.cand, t.* FROM _ev ev JOIN {table} t ON t._rid = ev._rid
                                          WHERE ev.table_name = '{table}'){_scope_ctes(table) if scoped else ""}
