@@ -106,3 +106,25 @@ def test_noise_detectors_never_run_the_scope_checks(db):
     assert reasons(con, present, "prescriptions", evidence, {"temporal_inversion"}) == set()
     # while the perturbed row itself is what the temporal_inversion detector fires on
     assert "temporal_inversion" in reasons(con, present, "prescriptions", other, {"temporal_inversion"})
+
+
+def test_a_population_scope_needs_a_material_share_of_bad_rows(db):
+    con, present = db
+    # a population-sized candidate: the last row of every lab group of every patient
+    evidence = [("labevents", r) for (r,) in con.execute(
+        "SELECT max_by(_rid, (charttime, _rid)) FROM labevents GROUP BY subject_id, itemid, hadm_id").fetchall()]
+    last, other = group_rows(con, "labevents")
+    con.execute("UPDATE labevents SET hadm_id = NULL WHERE _rid = ?", [other]).fetchall()
+    assert "unlinked_in_stay" in evidence_violations(con, {0: evidence}, present).get(0, set())
+    assert evidence_violations(con, {0: evidence}, present, material=0.05) == {}
+    # while a patient's own scope is small: the one row is material
+    assert "unlinked_in_stay" in evidence_violations(con, {0: [("labevents", last)]}, present, material=0.05)[0]
+
+
+def test_unlinked_rows_the_gold_sql_reads_are_not_skipped_ones(db):
+    con, present = db
+    evidence, other = group_rows(con, "labevents")
+    con.execute("UPDATE labevents SET hadm_id = NULL WHERE _rid = ?", [other]).fetchall()
+    assert "unlinked_in_stay" in reasons(con, present, "labevents", evidence)
+    both = evidence_violations(con, {0: [("labevents", evidence), ("labevents", other)]}, present).get(0, set())
+    assert "unlinked_in_stay" not in both
