@@ -14,8 +14,9 @@ alarm too, so the scope checks look at each evidence row's group - same table, s
 (item, drug, medication, test) and stay - for a stop before its start, a time outside its own
 stay, and at the entity across the table for several units; and at the rows of the same subject
 and entity whose hadm_id is NULL although their time lies inside the evidence's admission (rows
-the gold SQL silently skips). Noise detectors ask for their own reason only, so these never run
-for them.
+the gold SQL silently skips). For a patient's question one such row rejects it; a population
+question's scope must reach a material share of bad rows (one row among hundreds does not move an
+aggregate). Noise detectors ask for their own reason only, so these never run for them.
 """
 
 from __future__ import annotations
