@@ -119,7 +119,8 @@ def benchmark(context: dg.AssetExecutionContext, benchmark_run: BenchmarkRun) ->
     rejections = json.loads(layout.question_rejections.read_text())
     _publish_staged(layout)
     manifest = export_benchmark(layout.root, pairs, questions, rejections, noise,
-                                source_description(benchmark_run.source, benchmark_run.path, benchmark_run.patients),
+                                source_description(benchmark_run.source, benchmark_run.path, benchmark_run.patients,
+                                                   benchmark_run.quirks),
                                 seed_of(context), json.loads(layout.vetoes_applied.read_text()))
     context.log.info(f"wrote {manifest['counts']['pairs']:,} pairs to {layout.root}")
     return dg.MaterializeResult(metadata={

@@ -114,7 +114,8 @@ def _clean_detections(db: Database, candidates: list[Candidate]) -> list[int]:
     """Detector hits on the clean database: all evidence-rule detectors in one batch."""
     db.use(Database.CLEAN)
     batch = {i: _scope_rows(c) for i, c in enumerate(candidates) if c.detector.reason}
-    found = evidence_violations(db.con, batch, set(db.tables)) if batch else {}
+    reasons = {c.detector.reason for c in candidates if c.detector.reason}
+    found = evidence_violations(db.con, batch, set(db.tables), reasons) if batch else {}
     hits = []
     for i, c in enumerate(candidates):
         if c.detector.reason:
