@@ -32,7 +32,7 @@ from pipeline.noise.model import (
     answer_of,
 )
 from pipeline.noise.operators import OPERATORS
-from pipeline.noise.operators.common import record_proposal, update
+from pipeline.noise.operators.common import record_proposal, recovered, restricted, update
 from pipeline.noise.overlay import Change, Database, Overlay
 from pipeline.noise.registry import NOISE_LEVELS, Operator
 from pipeline.noise.verify import (
@@ -508,7 +508,10 @@ CASES = [
 ]
 
 
-CONSEQUENCES = {"orphan_link": {"time_outside_stay"}}
+# the scope checks see a faulty evidence row again as part of its group: the same fault
+SCOPE_VIEWS = {"temporal_inversion": "inverted_in_scope", "time_outside_stay": "outside_stay_in_scope",
+               "unit_mismatch": "several_units", "orphan_link": "unlinked_in_stay"}
+CONSEQUENCES = {"orphan_link": {"time_outside_stay", "outside_stay_in_scope"}}
 
 
 @pytest.fixture(scope="module")
@@ -603,7 +606,8 @@ def test_noise_breaks_only_its_own_rule(world, candidates, case):
     assert clean == set()
     assert case.reason in noisy
     # a row re-linked to another stay also lies outside that stay: the same fault, seen from its time
-    assert noisy - CONSEQUENCES.get(case.reason, set()) == {case.reason}, noisy
+    assert noisy - CONSEQUENCES.get(case.reason, set()) - set(SCOPE_VIEWS.values()) == {case.reason}, noisy
+    assert noisy & set(SCOPE_VIEWS.values()) <= {SCOPE_VIEWS.get(r) for r in noisy}, noisy
 
 
 def test_naive_answers_by_hand(records):
@@ -763,7 +767,9 @@ def test_rejects_nondeterministic_operator(world):
         row = _k_row(db)
         new = round(100 + random.random() * 100 + time.perf_counter_ns() % 1000 / 1e4, 4)
         overlay = Overlay([update("labevents", row, "valuenum", new), update("labevents", row, "value", str(new))])
-        return record_proposal(q, overlay, "flag", "4.0", "implausible_value", [f"4.2 -> {new}"])
+        recovery = restricted(q.gold_sql, "labevents", "SELECT * FROM labevents WHERE valuenum < 50")
+        return record_proposal(q, overlay, "flag", recovered(db, q, overlay, recovery), "implausible_value",
+                               [f"4.2 -> {new}"], recovery)
 
     op = Operator("flaky", "value", "implausible_value", "test", flaky)
     cand = op.run(db, q, OperatorParams(), operator_rng(SEED, q.question_id, "flaky"))
@@ -772,6 +778,21 @@ def test_rejects_nondeterministic_operator(world):
     # the same operator with a stable value passes
     rec = verify_one(db, cand, lambda c: cand)
     assert failed_checks(rec) == []
+
+
+def test_rejects_expected_answer_the_recovery_does_not_give(world):
+    """The expected answer must be what the analyst's recovery SQL gives: not assumed, not missing."""
+    db, q = world.db, world.questions["lab_k"]
+    good = run(db, q, "implausible_value")
+    assert good.recovery_sql and failed_checks(verify_one(db, good)) == []
+    assumed = replace(good, expected_answer="12345.0")
+    assert _first_failure(verify_one(db, assumed, lambda c: assumed)) == "expected"
+    unexplained = replace(good, recovery_sql=None)
+    assert _first_failure(verify_one(db, unexplained, lambda c: unexplained)) == "expected"
+    # a recovery that also changes clean data is not the analyst's inference of this noise
+    greedy = restricted(q.gold_sql, "labevents", "SELECT * FROM labevents WHERE valuenum BETWEEN 0.01 AND 4.1")
+    overreach = replace(good, recovery_sql=greedy, expected_answer=recovered(db, q, good.overlay, greedy))
+    assert _first_failure(verify_one(db, overreach, lambda c: overreach)) == "expected"
 
 
 def test_rejects_operator_that_declines_on_rerun(world):

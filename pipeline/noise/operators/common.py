@@ -56,11 +56,6 @@ def recovered(db: Database, q: CleanQuestion, overlay: Overlay, recovery_sql: st
     return gold_answer(db, q, overlay, sql=recovery_sql)
 
 
-def without(db: Database, q: CleanQuestion, rids: list[int]) -> str | None:
-    """The supported answer once the corrupted rows are set aside: gold SQL without ``rids``."""
-    return gold_answer(db, q, Overlay([Change(q.evidence_table, "delete", r) for r in rids]))
-
-
 def copy_row(db: Database, table: str, row: dict, offset: int = 0, **changes) -> Change:
     """An insert of ``row`` (minus its _rid) under a fresh _rid, with ``changes`` applied."""
     data = {k: v for k, v in row.items() if k != ROW_ID}
