@@ -28,6 +28,8 @@ NEEDED = ("pair_id", "side", "trial", "success", "answered")
 
 def frame(records: pd.DataFrame | Iterable[dict]) -> pd.DataFrame:
     df = records if isinstance(records, pd.DataFrame) else pd.DataFrame(list(records))
+    if df.empty and not len(df.columns):
+        df = pd.DataFrame(columns=list(NEEDED))
     if missing := [c for c in NEEDED if c not in df.columns]:
         raise ValueError(f"result records lack column(s) {', '.join(missing)}")
     return df
