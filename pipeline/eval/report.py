@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from pipeline.eval.metrics import GROUPS, RS_COSTS, SIDES, summarize
 from pipeline.eval.runner import RESULTS
@@ -187,7 +188,7 @@ def plot_pass_hat_k(runs: list[Run]) -> Figure:
     ax.set_xlabel("k (trials that must all succeed)")
     ax.set_ylabel("pass^k")
     ax.set_ylim(0, 1.05)
-    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title("pass^k: consistency over repeated trials")
     ax.legend(fontsize="small")
     return figure

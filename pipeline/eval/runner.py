@@ -2,8 +2,8 @@
 
 Each worker process opens the benchmark once (:class:`pipeline.gym.env.Env` is expensive to open,
 cheap to reset), builds the agent once, and plays the tasks it takes from a shared queue. The
-parent alone writes: each finished episode is appended to ``journal.jsonl`` (flushed and fsynced)
-as it arrives, so a killed run loses only the episodes in flight and a rerun skips every finished
+parent alone writes: each finished episode is appended to ``journal.jsonl`` as it arrives (flushed
+at once, fsynced at least every second), so a killed run loses only the episodes in flight and a rerun skips every finished
 (pair, side, trial). At the end ``results.parquet`` and ``trajectories.jsonl`` (the gym's
 trajectory format) are rewritten atomically from the journal, in task order.
 """
@@ -34,7 +34,7 @@ from pipeline.gym.models import SIDES, TERMINAL
 from pipeline.progress import episode_progress
 
 JOURNAL, RESULTS, TRAJECTORIES, RUN = "journal.jsonl", "results.parquet", "trajectories.jsonl", "run.json"
-SPLITS = ("train", "dev", "test")
+FSYNC_SECONDS = 1.0  # an fsync per episode costs ~6 ms here, more than a scripted episode
 
 RESULT_SCHEMA = pa.schema([
     ("pair_id", pa.string()), ("side", pa.string()), ("trial", pa.int32()),
@@ -81,7 +81,7 @@ class RunSummary:
     played: int  # episodes played now
     succeeded: int  # of those, right
     seconds: float  # wall time of this invocation
-    open_seconds: float  # the slowest worker's benchmark open and agent build
+    open_seconds: float  # until the last worker was ready: process start, imports, benchmark open, agent
     results: Path
 
 
@@ -160,13 +160,12 @@ def _worker(parent: int, config: EvalConfig, tasks: mp.Queue, out: mp.Queue) -> 
     _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     try:
-        started = time.perf_counter()
         agent = make_agent(config.agent, **config.options)
         rows = None
         if agent.uses_labels:
             rows = {r["pair_id"]: r for r in pq.read_table(config.benchmark / "pairs.parquet").to_pylist()}
         with Env(config.benchmark) as env:
-            out.put(("ready", time.perf_counter() - started))
+            out.put(("ready", None))
             while (task := tasks.get()) is not None:
                 out.put(("episode", play_episode(env, agent, task, rows, config.seed)))
     except BaseException as exc:  # everything goes back to the parent, which stops the run
@@ -176,31 +175,46 @@ def _worker(parent: int, config: EvalConfig, tasks: mp.Queue, out: mp.Queue) -> 
 
 
 # ---------------------------------------------------------------------------- journal and outputs
-def read_journal(path: Path) -> list[dict]:
+@dataclass(frozen=True)
+class Entry:
+    """One finished episode in the journal: its result row, and where its line is."""
+
+    result: dict
+    offset: int
+    length: int
+
+    @property
+    def key(self) -> Task:
+        return (self.result["pair_id"], self.result["side"], self.result["trial"])
+
+
+def read_journal(path: Path) -> list[Entry]:
     """Finished episodes; a last line cut short by a kill is dropped (and cut from the file)."""
     if not path.is_file():
         return []
-    data = path.read_bytes()
-    end = data.rfind(b"\n") + 1
-    if end < len(data):
-        with path.open("r+b") as f:
-            f.truncate(end)
-    return [json.loads(line) for line in data[:end].splitlines() if line.strip()]
+    entries, offset = [], 0
+    with path.open("r+b") as f:
+        for line in f:
+            if not line.endswith(b"\n"):
+                f.truncate(offset)
+                break
+            entries.append(Entry(json.loads(line)["result"], offset, len(line)))
+            offset += len(line)
+    return entries
 
 
-def task_key(result: dict) -> Task:
-    return (result["pair_id"], result["side"], result["trial"])
-
-
-def write_outputs(out: Path, records: list[dict]) -> None:
-    """``results.parquet`` and ``trajectories.jsonl`` from journal records, in task order, atomically."""
-    records = sorted({task_key(r["result"]): r for r in reversed(records)}.values(),
-                     key=lambda r: task_key(r["result"]))
+def write_outputs(out: Path, journal: Path, entries: list[Entry]) -> None:
+    """``results.parquet`` and ``trajectories.jsonl`` from the journal, in task order, atomically
+    (trajectories are read back line by line: a long run's never sit in memory all at once)."""
+    entries = sorted({e.key: e for e in reversed(entries)}.values(), key=lambda e: e.key)
     folder = AtomicFolder(out)
     try:
-        folder.write_parquet(RESULTS, pa.Table.from_pylist([r["result"] for r in records], schema=RESULT_SCHEMA))
-        folder.write_text(TRAJECTORIES, "".join(json.dumps(r["trajectory"], ensure_ascii=False, default=str) + "\n"
-                                                for r in records))
+        folder.write_parquet(RESULTS, pa.Table.from_pylist([e.result for e in entries], schema=RESULT_SCHEMA))
+        with journal.open("rb") as source, folder.path(TRAJECTORIES).open("w", encoding="utf-8") as sink:
+            for e in entries:
+                source.seek(e.offset)
+                trajectory = json.loads(source.read(e.length))["trajectory"]
+                sink.write(json.dumps(trajectory, ensure_ascii=False) + "\n")
         folder.commit()
     finally:
         folder.abort()
@@ -255,35 +269,41 @@ def run_eval(config: EvalConfig, out: str | os.PathLike, log: Callable[[str], No
     out.mkdir(parents=True, exist_ok=True)
     _claim(out, config)
     journal = out / JOURNAL
-    records = read_journal(journal)
-    finished = {task_key(r["result"]) for r in records}
+    entries = read_journal(journal)
+    finished = {e.key for e in entries}
     pending = [t for t in tasks if t not in finished]
     if log and len(pending) < len(tasks):
         log(f"resuming: {len(tasks) - len(pending):,} of {len(tasks):,} episodes already in {journal}")
     played, succeeded, open_seconds = 0, 0, 0.0
     if pending:
         progress = episode_progress(log, len(pending)) if log else None
-        with journal.open("a", encoding="utf-8") as sink:
+        synced = time.perf_counter()
+        with journal.open("ab") as sink:
             for record, opened in _play(config, pending):
                 open_seconds = max(open_seconds, opened)
                 if record is None:
                     continue
-                sink.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
-                sink.flush()
-                os.fsync(sink.fileno())
-                records.append(record)
+                line = (json.dumps(record, ensure_ascii=False, default=str) + "\n").encode()
+                entries.append(Entry(record["result"], sink.tell(), len(line)))
+                sink.write(line)
+                sink.flush()  # a killed runner loses nothing written: the kernel holds it
+                if time.perf_counter() - synced > FSYNC_SECONDS:  # a crashed machine loses at most this
+                    os.fsync(sink.fileno())
+                    synced = time.perf_counter()
                 played += 1
                 succeeded += record["result"]["success"]
                 if progress:
                     progress(played, succeeded)
-    write_outputs(out, records)
+            os.fsync(sink.fileno())
+    write_outputs(out, journal, entries)
     return RunSummary(total=len(tasks), skipped=len(tasks) - len(pending), played=played, succeeded=succeeded,
                       seconds=time.perf_counter() - started, open_seconds=open_seconds, results=out / RESULTS)
 
 
 def _play(config: EvalConfig, pending: list[Task]):
-    """Yield ``(record, open_seconds)`` as workers finish episodes (record None for a worker's
-    "ready"); stop every worker and raise :class:`EvalError` when one fails."""
+    """Yield ``(record, 0)`` as workers finish episodes, and ``(None, seconds)`` when a worker is
+    ready (started, benchmark open, agent built); stop every worker and raise :class:`EvalError`
+    when one fails."""
     context = mp.get_context("spawn")  # workers import fresh: no forked DuckDB or thread state
     tasks, out = context.Queue(), context.Queue()
     n = min(config.workers, len(pending))
@@ -293,6 +313,7 @@ def _play(config: EvalConfig, pending: list[Task]):
         tasks.put(None)
     workers = [context.Process(target=_worker, args=(os.getpid(), config, tasks, out), daemon=True)
                for _ in range(n)]
+    spawned = time.perf_counter()
     for w in workers:
         w.start()
     try:
@@ -307,7 +328,7 @@ def _play(config: EvalConfig, pending: list[Task]):
             if kind == "error":
                 raise EvalError(f"agent {config.agent} failed in a worker: {payload.strip()}")
             if kind == "ready":
-                yield None, payload
+                yield None, time.perf_counter() - spawned
             elif kind == "episode":
                 yield payload, 0.0
             else:

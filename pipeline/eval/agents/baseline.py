@@ -22,8 +22,9 @@ Script = Callable[[Env, dict], Observation]
 class ScriptedAgent:
     """Plays one scripted agent per side; rule-based, so it uses no tokens and ignores ``rng``."""
 
-    model = None
-    uses_labels = True
+    name: str
+    model: str | None = None
+    uses_labels: bool = True
 
     def __init__(self, name: str, clean: Script, noise: Script):
         self.name, self._scripts = name, {"clean": clean, "noise": noise}
