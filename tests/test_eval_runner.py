@@ -139,6 +139,7 @@ def _lines(path: Path) -> int:
     return path.read_bytes().count(b"\n") if path.exists() else 0
 
 
+@pytest.mark.slow  # three CLI runs with two workers each: ~50 s on a loaded 2-core machine
 def test_a_killed_run_resumes_to_the_same_results_without_duplicates(bench, tmp_path):
     total = 9 * 2 * 12
     killed = tmp_path / "killed"
@@ -176,3 +177,13 @@ def test_cli_eval_reports_errors_in_one_line(bench, tmp_path):
     assert result.exit_code == 1 and "Error: agent 'oracle' does not take the options model" in result.output
     result = CliRunner().invoke(main, ["eval", "--benchmark", str(bench), "--agent", "nobody", "--out", str(tmp_path)])
     assert result.exit_code == 2 and "'nobody' is not one of" in result.output
+
+
+def test_progress_lines_are_throttled_and_the_last_one_always_shown():
+    from pipeline.progress import episode_progress
+
+    lines: list[str] = []
+    progress = episode_progress(lines.append, 100, every=3600)
+    for done in range(1, 101):
+        progress(done, done // 2)
+    assert len(lines) == 1 and lines[0].startswith("eval: 100/100 episodes, 50.0% right,") and "ETA 0 s" in lines[0]
