@@ -12,16 +12,20 @@ from pipeline.defs.partitions import SEEDS
 from pipeline.defs.resources import BenchmarkRun
 
 
-def test_evaluation_asset_materializes_an_agent_partition(tmp_path):
+def materialize(tmp_path, agent: str, settings: evaluation.Evaluation) -> tuple[BenchmarkRun, dg.ExecuteInProcessResult]:
     run = BenchmarkRun(source="synthetic", data_dir=str(tmp_path))
     make_benchmark(tmp_path / "bench")
     shutil.copytree(tmp_path / "bench", run.layout(0).root)
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions(SEEDS.name, ["0"])
+    return run, dg.materialize([evaluation.evaluation], instance=instance, raise_on_error=False,
+                               resources={"benchmark_run": run, "evaluation_settings": settings},
+                               partition_key=dg.MultiPartitionKey({"agent": agent, "seed": "0"}))
+
+
+def test_evaluation_asset_materializes_an_agent_partition(tmp_path):
     settings = evaluation.Evaluation(workers=1, trials=2, llm_model="ignored-by-rule-based-agents")
-    result = dg.materialize([evaluation.evaluation], instance=instance,
-                            resources={"benchmark_run": run, "evaluation_settings": settings},
-                            partition_key=dg.MultiPartitionKey({"agent": "oracle", "seed": "0"}))
+    run, result = materialize(tmp_path, "oracle", settings)
     assert result.success
     metadata = result.get_asset_materialization_events()[0].materialization.metadata
     assert metadata["clean_success"].value == 1.0 and metadata["noise_success"].value == 1.0
@@ -31,6 +35,17 @@ def test_evaluation_asset_materializes_an_agent_partition(tmp_path):
     assert (folder / "results.parquet").exists() and (folder / "pass_hat_k.png").exists()
     assert metadata["plot_pass_hat_k"].value == str(folder / "pass_hat_k.png")
     assert "# Evaluation: oracle" in metadata["report"].value
+
+
+def test_an_agent_partition_without_a_registered_agent_fails_clearly(tmp_path, monkeypatch):
+    from pipeline.eval import agent
+
+    agent.agent_names()  # fill the registry, then take the oracle out
+    monkeypatch.delitem(agent._factories, "oracle")
+    _, result = materialize(tmp_path, "oracle", evaluation.Evaluation(workers=1))
+    assert not result.success
+    failure = next(e for e in result.all_events if e.is_step_failure).step_failure_data.error
+    assert "evaluation of agent 'oracle' on seed 0: unknown agent 'oracle'" in failure.message
 
 
 def test_only_the_llm_agent_gets_the_llm_settings(tmp_path):
