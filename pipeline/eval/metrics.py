@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-SIDES = ("clean", "noise")
+from pipeline.gym.models import SIDES
+
 GROUPS = ("intent", "level", "noise_level", "operator")
 RS_COSTS = (0, 5, 10)
 NEEDED = ("pair_id", "side", "trial", "success", "answered")
@@ -178,7 +179,7 @@ def summarize(records, resamples: int = 1000, seed: int = 0) -> dict:
         return {"value": round(float(np.mean(values)), 6),
                 "ci95": interval(boot.means(units["pair_id"], values)), "n": len(units)}
 
-    sides = {side: df[df["side"] == side] for side in SIDES}
+    sides: dict[str, pd.DataFrame] = {side: df[df["side"] == side] for side in SIDES}
     out: dict = {
         "agent": _single(df, "agent"), "model": _single(df, "model"),
         "episodes": len(df), "pairs": int(df["pair_id"].nunique()),

@@ -19,9 +19,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from pipeline.eval.metrics import GROUPS, RS_COSTS, SIDES, summarize
+from pipeline.eval.metrics import GROUPS, RS_COSTS, summarize
 from pipeline.eval.runner import RESULTS
 from pipeline.files import AtomicFolder
+from pipeline.gym.models import SIDES
 
 REPORT, METRICS = "report.md", "metrics.json"
 SIDE_COLOURS = {"clean": "#4c72b0", "noise": "#dd8452"}

@@ -21,7 +21,7 @@ import time
 import traceback
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -259,7 +259,7 @@ def run_eval(config: EvalConfig, out: str | os.PathLike, log: Callable[[str], No
     """Play every unfinished task of ``config`` into ``out``; ``log`` receives progress lines."""
     started = time.perf_counter()
     out = Path(out)
-    config = EvalConfig(**{**asdict(config), "benchmark": Path(config.benchmark).resolve()})
+    config = replace(config, benchmark=Path(config.benchmark).resolve())
     if config.trials < 1 or config.workers < 1:
         raise EvalError("--trials and --workers must be at least 1")
     if bad := [s for s in config.sides if s not in SIDES]:
