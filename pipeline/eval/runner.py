@@ -167,7 +167,9 @@ def _worker(parent: int, config: EvalConfig, tasks: mp.Queue, out: mp.Queue) -> 
         with Env(config.benchmark) as env:
             out.put(("ready", None))
             while (task := tasks.get()) is not None:
-                out.put(("episode", play_episode(env, agent, task, rows, config.seed)))
+                record = play_episode(env, agent, task, rows, config.seed)
+                line = json.dumps(record, ensure_ascii=False, default=str) + "\n"  # serialised here, in parallel
+                out.put(("episode", (record["result"], line.encode())))
     except BaseException as exc:  # everything goes back to the parent, which stops the run
         out.put(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
         return
@@ -279,19 +281,19 @@ def run_eval(config: EvalConfig, out: str | os.PathLike, log: Callable[[str], No
         progress = episode_progress(log, len(pending)) if log else None
         synced = time.perf_counter()
         with journal.open("ab") as sink:
-            for record, opened in _play(config, pending):
+            for episode, opened in _play(config, pending):
                 open_seconds = max(open_seconds, opened)
-                if record is None:
+                if episode is None:
                     continue
-                line = (json.dumps(record, ensure_ascii=False, default=str) + "\n").encode()
-                entries.append(Entry(record["result"], sink.tell(), len(line)))
+                result, line = episode
+                entries.append(Entry(result, sink.tell(), len(line)))
                 sink.write(line)
                 sink.flush()  # a killed runner loses nothing written: the kernel holds it
                 if time.perf_counter() - synced > FSYNC_SECONDS:  # a crashed machine loses at most this
                     os.fsync(sink.fileno())
                     synced = time.perf_counter()
                 played += 1
-                succeeded += record["result"]["success"]
+                succeeded += result["success"]
                 if progress:
                     progress(played, succeeded)
             os.fsync(sink.fileno())
@@ -301,9 +303,9 @@ def run_eval(config: EvalConfig, out: str | os.PathLike, log: Callable[[str], No
 
 
 def _play(config: EvalConfig, pending: list[Task]):
-    """Yield ``(record, 0)`` as workers finish episodes, and ``(None, seconds)`` when a worker is
-    ready (started, benchmark open, agent built); stop every worker and raise :class:`EvalError`
-    when one fails."""
+    """Yield ``((result, journal line), 0)`` as workers finish episodes, and ``(None, seconds)``
+    when a worker is ready (started, benchmark open, agent built); stop every worker and raise
+    :class:`EvalError` when one fails."""
     context = mp.get_context("spawn")  # workers import fresh: no forked DuckDB or thread state
     tasks, out = context.Queue(), context.Queue()
     n = min(config.workers, len(pending))
