@@ -18,7 +18,6 @@ from pipeline.defs.resources import BenchmarkRun
 from pipeline.eval.report import write_report
 from pipeline.eval.runner import EvalConfig, EvalError, run_eval
 from pipeline.gym.models import SIDES
-from pipeline.progress import Log
 
 LLM_AGENT = "openai"
 AGENTS = dg.StaticPartitionsDefinition(["checking", "naive", "oracle", LLM_AGENT])
@@ -72,9 +71,8 @@ def evaluation(context: dg.AssetExecutionContext, benchmark_run: BenchmarkRun,
     seed, agent = _keys(context)
     out = results_folder(benchmark_run, seed, agent)
     config = evaluation_settings.config(benchmark_run.layout(seed).root, agent)
-    log: Log = context.log.info
     try:
-        run = run_eval(config, out, log=log)
+        run = run_eval(config, out, log=context.log.info)
     except EvalError as exc:
         raise dg.Failure(f"evaluation of agent {agent!r} on seed {seed}: {exc}") from exc
     files = write_report(out)
