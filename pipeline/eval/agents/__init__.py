@@ -1,1 +1,2 @@
 """Every agent module, imported so that each registers itself (see :mod:`pipeline.eval.agent`)."""
+from pipeline.eval.agents import checking  # noqa: F401
