@@ -50,7 +50,7 @@ def _episode(job: tuple[str, str]) -> dict:
     agent.play(_env, start, None, random.Random(0))
     seconds = time.perf_counter() - began
     state, verdict = _env.state, _env.verdict or {}
-    call = next((m["tool_calls"][0]["function"] for m in reversed(_env.messages) if m.get("tool_calls")), {})
+    call: dict = next((m["tool_calls"][0]["function"] for m in reversed(_env.messages) if m.get("tool_calls")), {})
     arguments = json.loads(call.get("arguments") or "{}")
     text = arguments.get("reason") or arguments.get("evidence") or ""
     probe = _PROBE.match(text)

@@ -45,11 +45,13 @@ from pipeline.questions.samplers import SOURCES
 from pipeline.questions.templates import Template, load_templates, render, sql_literal
 from pipeline.schema import ROW_ID, TABLES
 
-# What each evidence-filter reason means for the agent: (category, behaviour, how to repair the answer).
+# What each evidence-filter reason means for the agent: (flag category, behaviour, how to repair the
+# answer). Abstentions carry no category: the gym accepts one without, and the cause of a gap (a
+# deleted row, a blanked time, a question about something that never happened) is rarely certain.
 VERDICTS: dict[str, tuple[str | None, str, str | None]] = {
     "missing_value": (None, "abstain", None),
-    "missing_timestamp": ("missing_time", "abstain", None),
-    "temporal_inversion": ("temporal_inversion", "abstain", None),
+    "missing_timestamp": (None, "abstain", None),
+    "temporal_inversion": (None, "abstain", None),
     "duplicate_conflict": ("conflicting_duplicate", "flag", None),
     "duplicate_exact": ("duplicate_record", "flag", "dedupe"),
     "unit_mismatch": ("unit_mismatch", "flag", "convert"),
@@ -149,15 +151,15 @@ def read_question(question: str) -> list[Reading]:
 
 
 # ---------------------------------------------------------------------------------- SQL rewriting
-def _parse(sql: str) -> exp.Expression:
+def _parse(sql: str) -> exp.Expr:
     return sqlglot.parse_one(sql, read="duckdb")
 
 
-def _ctes(tree: exp.Expression) -> set[str]:
+def _ctes(tree: exp.Expr) -> set[str]:
     return {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
 
 
-def _swap_tables(tree: exp.Expression, names: dict[str, str]) -> exp.Expression:
+def _swap_tables(tree: exp.Expr, names: dict[str, str]) -> exp.Expr:
     """``tree`` reading table ``t`` from ``names[t]`` (keeping its alias) and ``_rid`` as ``rid_``."""
     own = _ctes(tree)
 
@@ -177,7 +179,7 @@ def _with(ctes: list[str], body: str) -> str:
     return f"WITH {', '.join(ctes)}, _q AS ({body}) SELECT * FROM _q"
 
 
-def _evidence_tables(tree: exp.Expression) -> list[str]:
+def _evidence_tables(tree: exp.Expr) -> list[str]:
     """Tables the evidence query names in the first column of its SELECTs (``'labevents' AS table_name``)."""
     names = set()
     for select in tree.find_all(exp.Select):
@@ -188,7 +190,7 @@ def _evidence_tables(tree: exp.Expression) -> list[str]:
     return sorted(names)
 
 
-def _inside_stay(table: str, time: str, alias: str, parent: str) -> str:
+def _inside_stay(time: str, alias: str, parent: str) -> str:
     if parent == "admissions":
         return f"{alias}.{time} BETWEEN least(p.admittime, coalesce(p.edregtime, p.admittime)) AND p.dischtime"
     return f"{alias}.{time} BETWEEN p.intime AND p.outtime"
@@ -291,9 +293,9 @@ class Episode:
         found, tables = self.probe_evidence(evidence)
         if found is not None:  # (a probe the database refused leaves only the answer)
             for reason in ORDER:
-                if reason in found and (found.get("evidence") or reason in SCOPE_REASONS):
+                if reason in found and ("evidence" in found or reason in SCOPE_REASONS):
                     self.conclude(reading, reason, gold, evidence, tables)
-            if not found.get("evidence"):
+            if "evidence" not in found:
                 self.finish("abstain", "no_evidence", "no record supports an answer to this question")
         value = self.answer_of(gold, reading.template.answer_type)
         if value is None or value == []:
@@ -305,11 +307,12 @@ class Episode:
         tied = [r for r in readings if len(r.slots) == len(readings[0].slots)]
         for r in tied if len(tied) > 1 else []:
             entity = r.template.noise.entity_slot
-            spec = next((s for s in r.template.slots if entity and s.name == entity.slot), None)
-            source = SOURCES.get(SAMPLER_SOURCES.get(spec.sampler, "")) if spec else None
-            if source is not None and self.count(f"SELECT count(*) FROM {source.from_sql} "
-                                                 f"WHERE {source.entity} = {sql_literal(r.slots[spec.name])}"):
-                return r
+            for spec in r.template.slots:
+                source = SOURCES.get(SAMPLER_SOURCES.get(spec.sampler, ""))
+                if (entity and spec.name == entity.slot and source is not None
+                        and self.count(f"SELECT count(*) FROM {source.from_sql} "
+                                       f"WHERE {source.entity} = {sql_literal(r.slots[spec.name])}")):
+                    return r
         return readings[0]
 
     def check_names(self, reading: Reading) -> Reading:
@@ -417,7 +420,7 @@ class Episode:
             checks.extend(self.scope_checks(tree, tables, t, rule, ctes))
         return ctes, tables, "\nUNION ALL\n".join(checks)
 
-    def scope_checks(self, tree: exp.Expression, tables: list[str], table: str, rule, ctes: list[str]) -> list[str]:
+    def scope_checks(self, tree: exp.Expr, tables: list[str], table: str, rule, ctes: list[str]) -> list[str]:
         """Rows the evidence query skips that would enter it once repaired (re-linked, or timed from
         another time of the row), and rows of the numbered table whose code its dictionary lacks."""
         out = []
@@ -449,11 +452,11 @@ class Episode:
             return (f"SELECT t.* REPLACE (coalesce(own.stay_id, p.stay_id) AS stay_id) FROM {table}__r t "
                     f"LEFT JOIN icustays own ON own.stay_id = t.stay_id AND own.subject_id = t.subject_id "
                     f"LEFT JOIN icustays p ON own.stay_id IS NULL AND p.subject_id = t.subject_id "
-                    f"AND {_inside_stay(table, rule.time, 't', 'icustays')}")
+                    f"AND {_inside_stay(rule.time, 't', 'icustays')}")
         if cols.has("hadm_id"):  # only where a missing link is rare (MIMIC leaves outpatient labs unlinked)
             return (f"SELECT t.* REPLACE (coalesce(t.hadm_id, p.hadm_id) AS hadm_id) FROM {table}__r t "
                     f"LEFT JOIN admissions p ON t.hadm_id IS NULL AND p.subject_id = t.subject_id "
-                    f"AND {_inside_stay(table, rule.time, 't', 'admissions')} "
+                    f"AND {_inside_stay(rule.time, 't', 'admissions')} "
                     f"AND (SELECT avg((hadm_id IS NULL)::INT) FROM {table}) < {RARE}")
         return None
 
@@ -481,8 +484,8 @@ class Episode:
         return (f"SELECT * REPLACE (CASE WHEN {swap} THEN {rule.end} ELSE {rule.time} END AS {rule.time}, "
                 f"CASE WHEN {swap} THEN {rule.time} ELSE {rule.end} END AS {rule.end}) FROM {table}__r")
 
-    def probe_evidence(self, evidence: str) -> tuple[dict[str, list[str]] | None, list[str]]:
-        """Reason -> the numbers of the rows it fires on (``evidence``: every evidence row)."""
+    def probe_evidence(self, evidence: str) -> tuple[set[str] | None, list[str]]:
+        """(the reasons that fire, ``evidence`` when there is any evidence row; the evidence tables)."""
         built = self.probe_ctes(evidence)
         if built is None:
             return None, []
@@ -491,13 +494,13 @@ class Episode:
         rows = self.rows(query)
         if rows is None:
             return None, tables
-        return {r[0]: r for r in rows}, tables
+        return {r[0] for r in rows}, tables
 
     # ------------------------------------------------------------------ verdicts
     def conclude(self, reading: Reading, probe: str, gold: str, evidence: str, tables: list[str]) -> None:
         reason = SCOPE_REASONS.get(probe, probe)
         category, behavior, repair = VERDICTS[reason]
-        if behavior == "abstain":  # (without a category: the cause of a gap is rarely certain)
+        if behavior == "abstain":
             self.finish("abstain", probe, f"the rows the answer rests on fail the {reason} check")
         answer = None
         if repair is not None:
@@ -520,6 +523,7 @@ class Episode:
         rule = RULES[t]
         bad = f"(SELECT cand FROM bad WHERE reason = '{reason}')"
         scope_bad = f"(SELECT cand FROM bad WHERE reason IN ('{reason}', 'unlinked_in_scope'))"
+        fixed: str | None
         if repair == "dedupe":
             key = ", ".join([*rule.key, *([rule.value] if rule.value else [])])
             fixed = f"SELECT * FROM {t}__r QUALIFY row_number() OVER (PARTITION BY {key} ORDER BY {RID}) = 1"
