@@ -8,7 +8,8 @@ detection). Runs the agent through the gym directly, without the evaluation runn
   correctly where the noise is recoverable by reading the question right (``misspelled_entity``);
 - success: the gym's reward, per side; and all of these per operator.
 
-    python bench/probe_labels.py --benchmark DIR [--limit N] [--side both|clean|noise] [--workers 2] [--out FILE]
+    python bench/probe_labels.py --benchmark DIR [--limit N] [--side both|clean|noise] [--operator OP ...]
+                                 [--workers 2] [--out FILE]
 """
 
 from __future__ import annotations
@@ -68,15 +69,16 @@ def main() -> None:
     parser.add_argument("--benchmark", required=True, type=Path)
     parser.add_argument("--limit", type=int, help="first N pairs (by pair_id) only")
     parser.add_argument("--side", choices=("both", "clean", "noise"), default="both")
+    parser.add_argument("--operator", action="append", help="only pairs of this operator (repeatable)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", type=Path, help="write every episode as JSON lines here")
     args = parser.parse_args()
     if not (args.benchmark / "pairs.parquet").exists():
         parser.error(f"--benchmark {args.benchmark}: no pairs.parquet (build one with `ehr-robustgym build`)")
     # The harness reads the labels to score and group; the agent never sees them (it gets task=None).
-    pairs = sorted(pq.read_table(args.benchmark / "pairs.parquet",
-                                 columns=["pair_id", "operator", "expected_behavior"]).to_pylist(),
-                   key=lambda r: r["pair_id"])[:args.limit]
+    pairs = sorted((r for r in pq.read_table(args.benchmark / "pairs.parquet",
+                                             columns=["pair_id", "operator", "expected_behavior"]).to_pylist()
+                    if not args.operator or r["operator"] in args.operator), key=lambda r: r["pair_id"])[:args.limit]
     label = {r["pair_id"]: r for r in pairs}
     sides = ("clean", "noise") if args.side == "both" else (args.side,)
     jobs = [(r["pair_id"], s) for r in pairs for s in sides]

@@ -571,29 +571,32 @@ class Episode:
                 f"CASE {unit} ELSE {rule.unit} END AS {rule.unit}) FROM {table}__r")
 
     def unslipped(self, ctes: list[str], table: str, rule) -> str | None:
-        """Implausible rows: a decimal slip (x10/x100/x1000) is scaled back when one inverse lies among
-        the item's plausible values, at their precision (the one nearest the typical value of the
-        numbered rows, i.e. of this patient when the question is about one); others are set aside."""
+        """Implausible rows: a decimal slip (x10/x100/x1000) is scaled back when an inverse lies within
+        the item's plausible values, at their precision (the inverse nearest the typical value of the
+        numbered rows, i.e. of this patient when the question is about one, else of the item);
+        others are set aside."""
         bad = "(SELECT cand FROM bad WHERE reason = 'implausible_value')"
         v = rule.value
         if not v or not rule.items or rule.items not in self.present:
             return f"SELECT * FROM {table}__r WHERE {RID} NOT IN {bad}"
         rows = self.rows(_with(ctes, (
-            f"""SELECT e.{v}, min(x.v), max(x.v),
-                       (SELECT median(o.{v}) FROM {table}__r o WHERE o.itemid = e.itemid AND o.{RID} NOT IN {bad}
-                          AND o.{v} BETWEEN coalesce(b.low, o.{v}) AND b.high)
-                FROM e_{table} e JOIN {rule.items} d ON d.itemid = e.itemid
-                JOIN _bounds_{table} b ON b."table" = '{table}' AND b.label = d.label
-                JOIN _vals_{table} x ON x.label = d.label AND x.v BETWEEN coalesce(b.low, x.v) AND b.high
-                WHERE e.cand IN {bad} GROUP BY ALL""")))
+            f"""SELECT s.v, s.lo, s.hi, s.places,
+                       coalesce((SELECT median(o.{v}) FROM {table}__r o WHERE o.itemid = s.itemid AND o.{RID} NOT IN {bad}
+                                   AND o.{v} BETWEEN coalesce(s.low, o.{v}) AND s.high), s.med)
+                FROM (SELECT e.{v} AS v, e.itemid, b.low, b.high, min(x.v) AS lo, max(x.v) AS hi, median(x.v) AS med,
+                             max(length(split_part(CAST(x.v AS VARCHAR), '.', 2))) AS places
+                      FROM e_{table} e JOIN {rule.items} d ON d.itemid = e.itemid
+                      JOIN _bounds_{table} b ON b."table" = '{table}' AND b.label = d.label
+                      JOIN _vals_{table} x ON x.label = d.label AND x.v BETWEEN coalesce(b.low, x.v) AND b.high
+                      WHERE e.cand IN {bad} GROUP BY e.cand, e.{v}, e.itemid, b.low, b.high) AS s""")))
         scaled = []
-        for value, low, high, typical in rows or []:
+        for value, low, high, places, typical in rows or []:
             try:
-                value_f, low_f, high_f, typical_f = float(value), float(low), float(high), float(typical)
+                value_f, low_f, high_f, typical_f, places_n = float(value), float(low), float(high), float(typical), int(places)
             except ValueError:
                 continue
             options = [value_f / f for f in UNIT_SLIPS if value_f > 0 and low_f <= value_f / f <= high_f
-                       and round(value_f / f, 2) == round(value_f / f, 9)]
+                       and round(value_f / f, places_n) == round(value_f / f, 9)]
             if options and typical_f > 0:
                 scaled.append((value, min(options, key=lambda o: abs(math.log(o / typical_f)))))
         if scaled and len(scaled) == len(rows or []):
