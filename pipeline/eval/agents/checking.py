@@ -349,6 +349,10 @@ class Episode:
         exact, containing = (int(x) for x in rows[0]) if rows else (1, 0)
         if exact:
             return name
+        spaced = self.rows(f"SELECT DISTINCT {column} FROM {dictionary} "  # the question collapses whitespace
+                           f"WHERE regexp_replace(trim({column}), '\\s+', ' ', 'g') = {lit} LIMIT 2")
+        if spaced is not None and len(spaced) == 1:
+            return spaced[0][0]
         if containing >= 2 and " " not in name:  # a single word several names share
             self.flag_readings(reading, slot, dictionary, column)
         lowered = name.lower()
