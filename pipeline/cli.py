@@ -219,3 +219,77 @@ def play_command(benchmark, pair_id, side):
             play(env, pair_id, side, read, click.echo)
     except (FileNotFoundError, KeyError) as exc:
         raise click.ClickException(str(exc).strip('"')) from exc
+
+
+class AgentChoice(click.Choice):
+    """The registered agents (:func:`pipeline.eval.agent.agent_names`), looked up only when the
+    option is parsed or shown: importing every agent would slow down every other command."""
+
+    def __init__(self):
+        super().__init__([])
+
+    @property
+    def choices(self):
+        from pipeline.eval.agent import agent_names
+
+        return agent_names()
+
+    @choices.setter
+    def choices(self, value) -> None:
+        pass
+
+
+@main.command("eval")
+@click.option("--benchmark", type=click.Path(path_type=Path, exists=True, file_okay=False), required=True,
+              help="A built benchmark folder (pairs.parquet, overlays.parquet, staged/).")
+@click.option("--agent", type=AgentChoice(), required=True, help="The agent to evaluate.")
+@click.option("--trials", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Episodes per (pair, side): pass^k needs k of them.")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Worker processes; each opens the benchmark once.")
+@click.option("--split", type=click.Choice(["train", "dev", "test"]), default=None,
+              help="Only the pairs of this split (default: all).")
+@click.option("--side", type=click.Choice(["both", "clean", "noise"]), default="both", show_default=True)
+@click.option("--limit", type=click.IntRange(min=1), default=None,
+              help="Only this many pairs, the first of an order shuffled by --seed.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of --limit and of each episode's rng.")
+@click.option("--out", type=click.Path(path_type=Path, file_okay=False), required=True,
+              help="Results folder; a rerun into it skips the episodes already finished.")
+@click.option("--model", default=None, help="Model name, for agents that call one.")
+@click.option("--base-url", default=None, help="Endpoint URL, for agents that call a server.")
+@click.option("--temperature", type=float, default=None, help="Sampling temperature, for agents that sample.")
+def eval_command(benchmark, agent, trials, workers, split, side, limit, seed, out, model, base_url, temperature):
+    """Run an agent over the benchmark's episodes: results.parquet and trajectories.jsonl in --out."""
+    from pipeline.eval.metrics import success
+    from pipeline.eval.runner import EvalConfig, EvalError, run_eval
+
+    options = {k: v for k, v in {"model": model, "base_url": base_url, "temperature": temperature}.items()
+               if v is not None}
+    config = EvalConfig(benchmark=benchmark, agent=agent, options=options, trials=trials, workers=workers,
+                        split=split, sides=("clean", "noise") if side == "both" else (side,), limit=limit, seed=seed)
+    try:
+        run = run_eval(config, out, log=click.echo if sys.stdout.isatty() else None)
+    except EvalError as exc:
+        raise click.ClickException(str(exc)) from exc
+    import pandas as pd
+
+    results = pd.read_parquet(run.results)
+    rates = ", ".join(f"{s} {rate:.1%}" for s in ("clean", "noise") if (rate := success(results, s)) is not None)
+    click.echo(f"{run.played:,} episodes played, {run.skipped:,} already done, in {run.seconds:.1f} s; "
+               f"{len(results):,} in {run.results} ({rates})")
+
+
+@main.command("report")
+@click.argument("results_dir", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--compare", multiple=True, type=click.Path(path_type=Path, exists=True, file_okay=False),
+              help="Another results folder to compare with (repeatable).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the bootstrap intervals.")
+def report_command(results_dir, compare, seed):
+    """Write report.md, metrics.json and PNG plots into RESULTS_DIR."""
+    from pipeline.eval.report import ReportError, write_report
+
+    try:
+        files = write_report(results_dir, list(compare), seed=seed)
+    except ReportError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"wrote {', '.join(p.name for p in files.values())} in {results_dir}")

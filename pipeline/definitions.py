@@ -6,7 +6,7 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
 import dagster as dg  # noqa: E402
 
-from pipeline.defs import audit, noise, partitions, questions, sources  # noqa: E402
+from pipeline.defs import audit, evaluation, noise, partitions, questions, sources  # noqa: E402
 from pipeline.defs.resources import BenchmarkRun  # noqa: E402
 
 defs = dg.Definitions.merge(
@@ -14,6 +14,7 @@ defs = dg.Definitions.merge(
     questions.defs,
     noise.defs,
     audit.defs,
+    evaluation.defs,
     partitions.defs,
     dg.Definitions(
         resources={"benchmark_run": BenchmarkRun()},

@@ -65,6 +65,7 @@ def test_dagster_dev_shows_the_whole_graph_with_checks(tmp_path):
                                      "verified_pairs"}
         assert by_group["benchmark"] == {"benchmark"}
         assert by_group["audit"] == {"perturbation_audit"}
+        assert by_group["evaluation"] == {"evaluation"}
         labevents = next(n for n in nodes if n["assetKey"]["path"] == ["labevents"])
         assert {c["name"] for c in labevents["assetChecksOrError"]["checks"]} == {"expectations", "integrity"}
     finally:

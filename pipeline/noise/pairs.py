@@ -8,12 +8,11 @@ Every RNG is keyed by (seed, question, operator), so the result does not depend 
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from dataclasses import asdict, dataclass, field
 
 import pyarrow as pa
@@ -33,6 +32,7 @@ from pipeline.noise.overlay import Database
 from pipeline.noise.verify import CHECKS, failed_checks, verify_candidates
 from pipeline.plausibility import register_bounds
 from pipeline.questions.templates import load_templates
+from pipeline.workers import worker_pool
 
 SHARDS_PER_WORKER = 4
 
@@ -139,8 +139,7 @@ def candidate_records(staged_dir: str | os.PathLike, questions: pa.Table, seed: 
         if progress:
             progress(1, 1, results[0][0])
     else:
-        ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        with worker_pool(workers) as pool:
             futures = [pool.submit(_shard, str(staged_dir), s, seed, per_question, vetoed_families)
                        for s in shards if s]
             for done, future in enumerate(as_completed(futures), 1):

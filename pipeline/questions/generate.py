@@ -13,11 +13,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import multiprocessing
 import os
 import time
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from itertools import repeat
 
@@ -32,6 +30,7 @@ from pipeline.questions.evidence import check_evidence
 from pipeline.questions.samplers import SAMPLERS
 from pipeline.questions.templates import Template, load_templates, render
 from pipeline.staging import attach_staged, staged_tables
+from pipeline.workers import worker_pool
 
 DEFAULT_PER_TEMPLATE = 40
 OVERSAMPLE = 3
@@ -255,9 +254,7 @@ def _results(staged_dir, seed: int, templates: list[Template], per_template: int
             con.close()
         return
     staged_tables(staged_dir)  # fail here, with the folder named, not as a broken worker pool
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init,
-                             initargs=(str(staged_dir),)) as pool:
+    with worker_pool(workers, _worker_init, (str(staged_dir),)) as pool:
         # compiled Jinja templates do not pickle; workers compile their own
         plain = [dataclasses.replace(t, _compiled={}) for t in templates]
         yield from pool.map(_worker_run, plain, repeat(seed), repeat(per_template), [pools.get(t.id) for t in plain])
