@@ -26,7 +26,6 @@ import itertools
 import math
 import random
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
@@ -56,7 +55,7 @@ VERDICTS: dict[str, tuple[str | None, str, str | None]] = {
     "duplicate_exact": ("duplicate_record", "flag", "dedupe"),
     "unit_mismatch": ("unit_mismatch", "flag", "convert"),
     "implausible_value": ("implausible_value", "flag", "implausible"),
-    "value_text_conflict": ("value_text_conflict", "flag", None),
+    "value_text_conflict": ("value_text_conflict", "flag", "from_text"),
     "invalid_code": ("invalid_code", "flag", None),
     "orphan_link": ("broken_link", "flag", "relink"),
     "time_outside_stay": ("time_outside_stay", "flag", "set_aside"),
@@ -232,12 +231,6 @@ def _levenshtein(a: str, b: str) -> int:
         for j, cb in enumerate(b, 1):
             prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
     return row[-1]
-
-
-def _linear(convert: Callable[[float], float]) -> tuple[float, float]:
-    """(a, b) of a linear unit conversion ``a * v + b``, to invert it."""
-    b = convert(0.0)
-    return convert(1.0) - b, b
 
 
 # ---------------------------------------------------------------------------------- the episode
@@ -539,6 +532,9 @@ class Episode:
                 return None
             fixed = f"SELECT * FROM ({relinked}) AS r WHERE {RID} IN {scope_bad} UNION ALL " \
                     f"SELECT * FROM {t}__r WHERE {RID} NOT IN {scope_bad}"
+        elif repair == "from_text":  # MIMIC derives valuenum from the charted text: the text holds
+            fixed = (f"SELECT * REPLACE (CASE WHEN {RID} IN {bad} THEN TRY_CAST({rule.text} AS DOUBLE) "
+                     f"ELSE {rule.value} END AS {rule.value}) FROM {t}__r")
         elif repair == "convert":
             fixed = self.converted(ctes, t, rule)
         else:  # implausible: a decimal slip is scaled back, anything else set aside
@@ -564,7 +560,7 @@ class Episode:
             conversion = UNIT_CONVERSIONS.get(label) or BY_UNIT.get(usual)
             if conversion is None or conversion[0] != unit:
                 return None  # no known conversion: the value cannot be recovered
-            a, b = _linear(conversion[1])
+            a, b = conversion[1], conversion[2]
             cases.append((f"{RID} IN (SELECT cand FROM bad WHERE reason = 'unit_mismatch') AND itemid = {int(itemid)} "
                           f"AND {rule.unit} = {sql_literal(unit)}", f"({rule.value} - ({b!r})) / ({a!r})", usual))
         if not cases:
