@@ -1,1 +1,3 @@
 """Every agent module, imported so that each registers itself (see :mod:`pipeline.eval.agent`)."""
+
+from pipeline.eval.agents import openai_agent  # noqa: F401
