@@ -44,6 +44,15 @@ def run(benchmark: Path, out: Path, pairs: int, trials: int, temperature: float,
     out.mkdir(parents=True, exist_ok=True)
     trajectories = out / "trajectories.jsonl"
     temp_path(trajectories).unlink(missing_ok=True)  # the Recorder appends
+    try:
+        rows = _play(benchmark, trajectories, pairs, trials, temperature, seed)
+    finally:
+        temp_path(trajectories).unlink(missing_ok=True)  # renamed into place when complete
+    write_parquet(pa.Table.from_pylist(rows), out / "results.parquet")
+    return rows
+
+
+def _play(benchmark: Path, trajectories: Path, pairs: int, trials: int, temperature: float, seed: int) -> list[dict]:
     rows = []
     with Env(benchmark, LIMITS) as env, serve() as base_url:
         chosen = random.Random(seed).sample(sorted(env.benchmark.pairs), min(pairs, len(env.benchmark.pairs)))
@@ -65,7 +74,6 @@ def run(benchmark: Path, out: Path, pairs: int, trials: int, temperature: float,
                     print(f"\r{done}/{len(episodes)} episodes, {rate * 60:.1f}/min, "
                           f"ETA {(len(episodes) - done) / rate:.0f} s", end="", flush=True)
         temp_path(trajectories).replace(trajectories)
-    write_parquet(pa.Table.from_pylist(rows), out / "results.parquet")
     return rows
 
 

@@ -122,6 +122,7 @@ def test_an_episode_runs_the_models_tool_calls_to_a_correct_answer(server, env, 
     # the second turn carries the gym's record of the first call and its result, once each
     assert [m["role"] for m in second["messages"]] == ["system", "user", "assistant", "tool"]
     assert second["messages"][2]["tool_calls"][0]["id"] == second["messages"][3]["tool_call_id"]
+    assert second["messages"][2]["content"] == ""  # a string, as llama.cpp's server requires
     assert row["gold_sql"] in second["messages"][2]["tool_calls"][0]["function"]["arguments"]
     assert [m["role"] for m in env.messages] == ["system", "user", "assistant", "tool", "assistant", "tool"]
     assert server.auth == [f"Bearer {KEY}"] * 2

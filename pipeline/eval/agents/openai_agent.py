@@ -54,7 +54,9 @@ class OpenAIAgent:
         tokens_in = tokens_out = 0
         done = False
         while not done:
-            reply = self._complete(env.messages, start.tools, rng.randrange(2**31))
+            # content "" rather than null beside tool calls: llama.cpp's server refuses a null
+            messages = [{**m, "content": m["content"] or ""} for m in env.messages]
+            reply = self._complete(messages, start.tools, rng.randrange(2**31))
             if reply.usage is not None:
                 tokens_in += reply.usage.prompt_tokens
                 tokens_out += reply.usage.completion_tokens
