@@ -84,6 +84,7 @@ def test_the_server_answers_and_leaves_no_process_behind():
 @pytest.mark.timeout(1800)  # ten prompts of ~3,600 tokens on one CPU thread
 @LOCAL
 def test_smollm2_plays_real_episodes_on_both_sides(tmp_path):
+    (tmp_path / "bench").mkdir()
     bench = make_benchmark(tmp_path / "bench")
     out = tmp_path / "out"
 
