@@ -61,8 +61,9 @@ def _scope_ctes(table: str) -> str:
 _ADMISSION_WINDOW = "least(a.admittime, coalesce(a.edregtime, a.admittime)) AND a.dischtime"  # ED time counts
 
 
-def _checks(table: str, rule: Rule, present: set[str]) -> list[str]:
-    """SELECT cand, reason ... queries over ``e`` (this table's evidence rows joined to the table)."""
+def row_checks(table: str, rule: Rule, present: set[str]) -> list[str]:
+    """SELECT cand, reason ... queries over ``e`` (this table's evidence rows joined to the table): the
+    faults one evidence row shows. Public: the checking agent probes with the same rules."""
     q: list[str] = []
     t = TABLES[table]
     if rule.value:
@@ -113,7 +114,7 @@ def _checks(table: str, rule: Rule, present: set[str]) -> list[str]:
     return q
 
 
-def _scope_checks(table: str, rule: Rule, present: set[str]) -> list[str]:
+def scope_checks(table: str, rule: Rule, present: set[str]) -> list[str]:
     """SELECT cand, reason, rows ... queries over ``g`` and ``s`` (see :func:`_scope_ctes`): how many
     rows of each candidate's scope show the problem."""
     group = _scope_group(table)
@@ -179,7 +180,7 @@ def evidence_violations(con: duckdb.DuckDBPyConnection, evidence: dict[int, list
                 continue
             checks, scoped = ([sql for sql in kind(table, rule, present)
                                if reasons is None or any(f"'{r}'" in sql for r in reasons)]
-                              for kind in (_checks, _scope_checks))
+                              for kind in (row_checks, scope_checks))
             if not checks + scoped:
                 continue
             if scoped:

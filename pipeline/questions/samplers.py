@@ -266,7 +266,7 @@ register("threshold", threshold, refs=("item",), source="lab")
 register("choice", choice)
 register("year", year, refs=("patient",), source="admission")
 register("event_year", event_year, refs=("patient", "item"), source="lab")
-_ENTITY_SAMPLERS = {
+ENTITY_SAMPLERS = {
     "admission": "admission", "icu_stay": "icu_stay", "careunit": "careunit",
     "admission_type": "admission_type", "lab_item": "lab", "chart_item": "chart",
     "output_item": "output", "input_item": "input", "datetime_item": "datetime",
@@ -287,5 +287,5 @@ def _entity_sampler(source: str) -> SamplerFn:
     return fn
 
 
-for _name, _source in _ENTITY_SAMPLERS.items():
+for _name, _source in ENTITY_SAMPLERS.items():
     register(_name, _entity_sampler(_source), refs=("patient",), source=_source)

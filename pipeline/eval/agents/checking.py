@@ -38,9 +38,8 @@ from pipeline.gym.env import Env
 from pipeline.gym.models import Start
 from pipeline.noise.operators.value import BY_UNIT, UNIT_CONVERSIONS
 from pipeline.plausibility import BOUNDS_FILE, PARENT_TIME, RULES
-from pipeline.questions.evidence import _checks as evidence_checks  # the filter's checks, one rule for both
-from pipeline.questions.samplers import _ENTITY_SAMPLERS as SAMPLER_SOURCES
-from pipeline.questions.samplers import SOURCES
+from pipeline.questions.evidence import row_checks  # the filter's checks, one rule for both
+from pipeline.questions.samplers import ENTITY_SAMPLERS, SOURCES
 from pipeline.questions.templates import Template, load_templates, render, sql_literal
 from pipeline.schema import ROW_ID, TABLES
 
@@ -301,7 +300,7 @@ class Episode:
         for r in tied if len(tied) > 1 else []:
             entity = r.template.noise.entity_slot
             for spec in r.template.slots:
-                source = SOURCES.get(SAMPLER_SOURCES.get(spec.sampler, ""))
+                source = SOURCES.get(ENTITY_SAMPLERS.get(spec.sampler, ""))
                 if (entity and spec.name == entity.slot and source is not None
                         and self.count(f"SELECT count(*) FROM {source.from_sql} "
                                        f"WHERE {source.entity} = {sql_literal(r.slots[spec.name])}")):
@@ -407,7 +406,7 @@ class Episode:
                 continue
             if rule.items in self.present and rule.value:
                 ctes.append(_bounds_ctes(t))
-            for sql in evidence_checks(t, rule, self.present):
+            for sql in row_checks(t, rule, self.present):
                 check = _parse(sql).transform(lambda n, t=t: exp.Table(
                     this=exp.to_identifier(f"e_{t}"), alias=exp.TableAlias(this=exp.to_identifier("e")))
                     if isinstance(n, exp.Table) and n.name == "e" else
