@@ -10,7 +10,6 @@ trajectory format) are rewritten atomically from the journal, in task order.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import multiprocessing as mp
 import os
@@ -32,6 +31,7 @@ from pipeline.files import AtomicFolder, sha256_file, stable_int
 from pipeline.gym.env import Env, env_version
 from pipeline.gym.models import SIDES, TERMINAL
 from pipeline.progress import episode_progress
+from pipeline.workers import exit_with_parent
 
 JOURNAL, RESULTS, TRAJECTORIES, RUN = "journal.jsonl", "results.parquet", "trajectories.jsonl", "run.json"
 FSYNC_SECONDS = 1.0  # an fsync per episode costs ~6 ms here, more than a scripted episode
@@ -148,16 +148,8 @@ def play_episode(env: Env, agent: Agent, task: Task, rows: dict[str, dict] | Non
     return {"result": result, "trajectory": trajectory}
 
 
-def _die_with_parent(parent: int) -> None:
-    """A worker must not outlive a killed runner: ask the kernel for SIGKILL when the parent dies."""
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:  # the parent died before the request
-        os._exit(1)
-
-
 def _worker(parent: int, config: EvalConfig, tasks: mp.Queue, out: mp.Queue) -> None:
-    _die_with_parent(parent)
+    exit_with_parent(parent)  # a worker must not outlive a killed runner
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     try:
         agent = make_agent(config.agent, **config.options)
