@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from pipeline.eval.agent import Agent, make_agent
 from pipeline.files import AtomicFolder, sha256_file, stable_int
 from pipeline.gym.env import Env, env_version
-from pipeline.gym.models import SIDES, TERMINAL
+from pipeline.gym.models import SIDES, TERMINAL, Limits
 from pipeline.progress import episode_progress
 from pipeline.workers import exit_with_parent
 
@@ -61,7 +61,9 @@ class EvalError(RuntimeError):
 class EvalConfig:
     """What to run. ``options`` go to ``make_agent(agent, **options)``; together with the agent,
     the benchmark's content and the seed they identify a run, so a rerun into the same folder
-    resumes it. ``split``, ``sides``, ``trials`` and ``limit`` only choose tasks: a rerun may add more."""
+    resumes it (``base_url`` is left out: it says where a model is served, not which).
+    ``split``, ``sides``, ``trials`` and ``limit`` only choose tasks: a rerun may add more. ``limits``
+    are the gym's per-episode limits (a small model needs fewer steps and shorter tool output)."""
 
     benchmark: Path
     agent: str
@@ -72,6 +74,7 @@ class EvalConfig:
     sides: tuple[str, ...] = SIDES
     limit: int | None = None
     seed: int = 0
+    limits: Limits = field(default_factory=Limits)
 
 
 @dataclass(frozen=True)
@@ -156,7 +159,7 @@ def _worker(parent: int, config: EvalConfig, tasks: mp.Queue, out: mp.Queue) -> 
         rows = None
         if agent.uses_labels:
             rows = {r["pair_id"]: r for r in pq.read_table(config.benchmark / "pairs.parquet").to_pylist()}
-        with Env(config.benchmark) as env:
+        with Env(config.benchmark, config.limits) as env:
             out.put(("ready", None))
             while (task := tasks.get()) is not None:
                 record = play_episode(env, agent, task, rows, config.seed)
@@ -218,7 +221,8 @@ def run_identity(config: EvalConfig) -> dict:
     """What a rerun must share with the run whose folder it resumes."""
     return {"benchmark_sha256": {name: sha256_file(config.benchmark / name)
                                  for name in ("pairs.parquet", "overlays.parquet")},
-            "agent": config.agent, "options": config.options, "seed": config.seed, "env_version": env_version()}
+            "agent": config.agent, "options": {k: v for k, v in config.options.items() if k != "base_url"},
+            "seed": config.seed, "limits": config.limits.model_dump(), "env_version": env_version()}
 
 
 def _claim(out: Path, config: EvalConfig) -> None:
