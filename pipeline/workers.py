@@ -25,13 +25,18 @@ def worker_pool(workers: int, initializer: Callable[..., None] | None = None,
                                initializer=_start_worker, initargs=(os.getpid(), initializer, initargs))
 
 
+def exit_with_parent(parent: int) -> None:
+    """In a worker process: end it as soon as ``parent`` (the pid that started it) is gone."""
+    threading.Thread(target=_watch_parent, args=(parent,), name="exit-with-parent", daemon=True).start()
+
+
 def _start_worker(parent: int, initializer: Callable[..., None] | None, initargs: tuple) -> None:
-    threading.Thread(target=_exit_with_parent, args=(parent,), name="exit-with-parent", daemon=True).start()
+    exit_with_parent(parent)
     if initializer is not None:
         initializer(*initargs)
 
 
-def _exit_with_parent(parent: int) -> None:
+def _watch_parent(parent: int) -> None:
     event = threading.Event()
     while os.getppid() == parent:
         event.wait(PARENT_POLL_SECONDS)

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -26,9 +27,11 @@ from pipeline.eval.runner import (
     play_episode,
     read_journal,
     run_eval,
+    run_identity,
     select_pairs,
 )
 from pipeline.gym.env import Env
+from pipeline.gym.models import Limits
 
 CLI = Path(sys.executable).with_name("ehr-robustgym")
 
@@ -98,6 +101,22 @@ def test_a_folder_of_another_run_is_refused(bench, tmp_path):
     run_eval(EvalConfig(bench, "naive", limit=1), tmp_path)
     with pytest.raises(EvalError, match="another run.*agent"):
         run_eval(EvalConfig(bench, "oracle", limit=1), tmp_path)
+
+
+def test_the_run_s_limits_reach_the_gym_and_identify_the_run(bench, tmp_path):
+    one_step = Limits(max_steps=1)  # naive spends its one step on SQL: every episode hits the limit
+    run_eval(EvalConfig(bench, "naive", limit=2, limits=one_step), tmp_path)
+    df = results(tmp_path)
+    assert len(df) == 4 and (df["termination"] == "step_limit").all() and (df["steps"] == 1).all()
+    with pytest.raises(EvalError, match="another run.*limits"):
+        run_eval(EvalConfig(bench, "naive", limit=2), tmp_path)
+
+
+def test_where_a_model_is_served_does_not_identify_the_run(bench):
+    config = EvalConfig(bench, "openai", options={"model": "m", "base_url": "http://127.0.0.1:1/v1"})
+    moved = replace(config, options={"model": "m", "base_url": "http://127.0.0.1:2/v1"})
+    assert run_identity(config) == run_identity(moved)
+    assert run_identity(config) != run_identity(replace(config, options={"model": "other"}))
 
 
 def test_bad_agent_options_and_input_fail_before_any_episode(bench, tmp_path):

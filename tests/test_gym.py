@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from gym_benchmark import make_benchmark
 
 from pipeline.cli import main
-from pipeline.gym.agents import AGENTS
+from pipeline.gym.agents import AGENTS, result_values
 from pipeline.gym.database import Benchmark
 from pipeline.gym.env import Env, EpisodeError
 from pipeline.gym.models import Answer, EpisodeState, Flag, Limits, Sql
@@ -341,7 +341,8 @@ def test_trl_adapter_follows_the_environment_factory_contract(bench, rows, monke
     for _ in range(2):  # pooled and reused: reset must clear everything
         prompt = env.reset(**rows["p_maxlab"], side="noise")
         assert rows["p_maxlab"]["noisy_question"] in prompt and "_rid" not in prompt
-        assert "13000" in env.sql(rows["p_maxlab"]["gold_sql"])
+        shown = float(result_values(env.sql(rows["p_maxlab"]["gold_sql"]))[0])  # the overlay's value, 1000x
+        assert shown == pytest.approx(1000 * json.loads(rows["p_maxlab"]["expected_answer"]))
         assert env.get_reward() == 0.0
         env.flag("unit_error", "value 1000x the others", rows["p_maxlab"]["expected_answer"])
         assert env.get_reward() == 1.0

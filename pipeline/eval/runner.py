@@ -10,7 +10,6 @@ trajectory format) are rewritten atomically from the journal, in task order.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import multiprocessing as mp
 import os
@@ -30,8 +29,9 @@ import pyarrow.parquet as pq
 from pipeline.eval.agent import Agent, make_agent
 from pipeline.files import AtomicFolder, sha256_file, stable_int
 from pipeline.gym.env import Env, env_version
-from pipeline.gym.models import SIDES, TERMINAL
+from pipeline.gym.models import SIDES, TERMINAL, Limits
 from pipeline.progress import episode_progress
+from pipeline.workers import exit_with_parent
 
 JOURNAL, RESULTS, TRAJECTORIES, RUN = "journal.jsonl", "results.parquet", "trajectories.jsonl", "run.json"
 FSYNC_SECONDS = 1.0  # an fsync per episode costs ~6 ms here, more than a scripted episode
@@ -61,7 +61,9 @@ class EvalError(RuntimeError):
 class EvalConfig:
     """What to run. ``options`` go to ``make_agent(agent, **options)``; together with the agent,
     the benchmark's content and the seed they identify a run, so a rerun into the same folder
-    resumes it. ``split``, ``sides``, ``trials`` and ``limit`` only choose tasks: a rerun may add more."""
+    resumes it (``base_url`` is left out: it says where a model is served, not which).
+    ``split``, ``sides``, ``trials`` and ``limit`` only choose tasks: a rerun may add more. ``limits``
+    are the gym's per-episode limits (a small model needs fewer steps and shorter tool output)."""
 
     benchmark: Path
     agent: str
@@ -72,6 +74,7 @@ class EvalConfig:
     sides: tuple[str, ...] = SIDES
     limit: int | None = None
     seed: int = 0
+    limits: Limits = field(default_factory=Limits)
 
 
 @dataclass(frozen=True)
@@ -148,23 +151,15 @@ def play_episode(env: Env, agent: Agent, task: Task, rows: dict[str, dict] | Non
     return {"result": result, "trajectory": trajectory}
 
 
-def _die_with_parent(parent: int) -> None:
-    """A worker must not outlive a killed runner: ask the kernel for SIGKILL when the parent dies."""
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:  # the parent died before the request
-        os._exit(1)
-
-
 def _worker(parent: int, config: EvalConfig, tasks: mp.Queue, out: mp.Queue) -> None:
-    _die_with_parent(parent)
+    exit_with_parent(parent)  # a worker must not outlive a killed runner
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     try:
         agent = make_agent(config.agent, **config.options)
         rows = None
         if agent.uses_labels:
             rows = {r["pair_id"]: r for r in pq.read_table(config.benchmark / "pairs.parquet").to_pylist()}
-        with Env(config.benchmark) as env:
+        with Env(config.benchmark, config.limits) as env:
             out.put(("ready", None))
             while (task := tasks.get()) is not None:
                 record = play_episode(env, agent, task, rows, config.seed)
@@ -226,7 +221,8 @@ def run_identity(config: EvalConfig) -> dict:
     """What a rerun must share with the run whose folder it resumes."""
     return {"benchmark_sha256": {name: sha256_file(config.benchmark / name)
                                  for name in ("pairs.parquet", "overlays.parquet")},
-            "agent": config.agent, "options": config.options, "seed": config.seed, "env_version": env_version()}
+            "agent": config.agent, "options": {k: v for k, v in config.options.items() if k != "base_url"},
+            "seed": config.seed, "limits": config.limits.model_dump(), "env_version": env_version()}
 
 
 def _claim(out: Path, config: EvalConfig) -> None:

@@ -24,8 +24,12 @@ def result_values(content: str) -> list[str]:
 
 
 def answer_from_rows(env: Env, query: str, answer_type: str) -> Observation:
-    """Run ``query`` with the sql tool and answer its first column, as a literal agent would."""
-    values = result_values(env.step({"name": "sql", "arguments": {"query": query}}).content)
+    """Run ``query`` with the sql tool and answer its first column, as a literal agent would (unless
+    the query was the episode's last allowed step)."""
+    shown = env.step({"name": "sql", "arguments": {"query": query}})
+    if shown.done:
+        return shown
+    values = result_values(shown.content)
     if answer_type in ("list", "set"):
         value = json.dumps([v for v in values if v != ""])
     else:
