@@ -12,6 +12,7 @@ never had) expect abstention and carry no recovery SQL.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -143,6 +144,14 @@ def test_window_outside_record_abstains_when_the_empty_window_has_no_answer(db, 
         assert (c.expected_behavior, c.expected_answer, c.recovery_sql) == ("abstain", None, None)
         assert answer_of(db.rows(c.naive_sql), "integer") is None
     verified(db, cands[:2])
+
+
+def test_window_outside_record_moves_a_year_drawn_from_events_too(db, qs):
+    """Most year templates draw the year from the patient's events (``event_year``), not admissions."""
+    q = qs["adm_longest"]
+    by_events = replace(q.template, slots=[replace(s, sampler="event_year") if s.name == "year" else s
+                                           for s in q.template.slots])
+    assert proposals(db, replace(q, template=by_events), "window_outside_record")
 
 
 def test_window_outside_record_declines_a_count_that_is_literally_zero(db, qs):

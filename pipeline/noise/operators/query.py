@@ -215,7 +215,8 @@ def window_outside_record(db, q, params, rng):
     """Move the question's year to one with no hospital stay at all (for this patient, or anyone),
     mirrored about the record's edge so distinct years stay distinct. Only where the empty window
     leaves nothing to answer: a count of 0 or a "no" for a year without stays is true, not a pair."""
-    year_slot = next((s.name for s in q.template.slots if s.sampler == "year" and s.name in q.noise.window), None)
+    year_slot = next((s.name for s in q.template.slots
+                      if s.sampler in ("year", "event_year") and s.name in q.noise.window), None)
     if year_slot is None:
         return None
     patient = _patient_slot(q)
