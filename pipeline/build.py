@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,7 +77,7 @@ def _counts(pairs: list[dict], key) -> dict:
 def build(source: str, out: str | os.PathLike, seed: int, path: str | os.PathLike | None = None,
           patients: int = 1000, per_template: int = PAIRS_PER_TEMPLATE, workers: int | None = None,
           questions_per_template: int = DEFAULT_PER_TEMPLATE, vetoes: Vetoes = NO_VETOES,
-          log: Log | None = None) -> BuildReport:
+          log: Log | None = None, quirks: str = "demo") -> BuildReport:
     """Run the whole chain into ``out``; the same inputs and seed give byte-identical files.
     ``log`` receives a line per stage milestone and verification progress."""
     out = Path(out)
@@ -93,7 +93,7 @@ def build(source: str, out: str | os.PathLike, seed: int, path: str | os.PathLik
         if log:
             log(f"{name}: done in {report.timings[name]:.1f} s")
 
-    report.stage = stage(make_source(source, path, patients=patients, seed=seed), layout.staged)
+    report.stage = stage(make_source(source, path, patients=patients, seed=seed, quirks=quirks), layout.staged)
     lap("stage")
     templates = load_templates()
     questions, report.questions = generate_questions(layout.staged, seed, templates, questions_per_template,
@@ -105,21 +105,26 @@ def build(source: str, out: str | os.PathLike, seed: int, path: str | os.PathLik
     lap("noise")
     report.pairs = ship(records, templates, seed, per_template, vetoes)
     report.manifest = export_benchmark(out, report.pairs, questions, report.questions.rejected, report.noise,
-                                       source_description(source, path, patients), seed, vetoes.report(records))
+                                       source_description(source, path, patients, quirks), seed, vetoes.report(records))
     lap("export")
     return report
 
 
-def source_description(source: str, path, patients: int) -> dict:
-    return {"kind": source, "path": str(path) if path else None,
-            "patients": patients if source == "synthetic" else None}
+def source_description(source: str, path, patients: int, quirks: str = "demo") -> dict:
+    synthetic = source == "synthetic"
+    return {"kind": source, "path": str(path) if path else None, "patients": patients if synthetic else None,
+            "quirks": quirks if synthetic else None}
 
 
 def ship(records: list[dict], templates, seed: int, per_template: int = PAIRS_PER_TEMPLATE,
          vetoes: Vetoes = NO_VETOES) -> list[dict]:
     """The verified records less the vetoed ones, balanced and capped, each with its template's split."""
     selected = select_pairs([r for r in records if r["verified"]], seed, per_template, vetoes=vetoes)
-    splits = template_splits([p["template_id"] for p in selected], {t.id: (t.intent, t.level) for t in templates}, seed)
+    operators_of: dict[str, set[str]] = defaultdict(set)
+    for p in selected:
+        operators_of[p["template_id"]].add(p["operator"])
+    splits = template_splits([p["template_id"] for p in selected], {t.id: (t.intent, t.level) for t in templates}, seed,
+                             operators_of)
     return [{**p, "split": splits[p["template_id"]]} for p in selected]
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from pipeline.questions.cli import questions_command
-from pipeline.sources import DEFAULT_SYNTHETIC_PATIENTS, SOURCE_KINDS, make_source
+from pipeline.sources import DEFAULT_SYNTHETIC_PATIENTS, QUIRK_KINDS, SOURCE_KINDS, make_source
 from pipeline.staging import StagingError, stage
 
 
@@ -69,6 +69,9 @@ def source_options(f):
                      help="MIMIC-IV folder in PhysioNet layout (hosp/, icu/) for --source demo|mimic.")(f)
     f = click.option("--source", type=click.Choice(SOURCE_KINDS), default="synthetic", show_default=True,
                      help="Where the MIMIC-IV tables come from.")(f)
+    f = click.option("--quirks", type=click.Choice(QUIRK_KINDS), default="demo", show_default=True,
+                     help="Synthetic source: lay the real demo's background data-quality quirks over the "
+                          "clean tables (demo) or not (none).")(f)
     return f
 
 
@@ -77,10 +80,10 @@ def source_options(f):
 @click.option("--out", type=click.Path(path_type=Path), required=True,
               help="Output folder: one <table>.parquet per staged table.")
 @click.option("--table", "tables", multiple=True, help="Stage only these tables (repeatable).")
-def stage_command(source, path, patients, seed, out, tables):
+def stage_command(source, quirks, path, patients, seed, out, tables):
     """Stage MIMIC-IV tables as typed, zstd-compressed Parquet with a stable _rid row id."""
     try:
-        report = stage(make_source(source, path, patients=patients, seed=seed), out, tables or None)
+        report = stage(make_source(source, path, patients=patients, seed=seed, quirks=quirks), out, tables or None)
     except (StagingError, KeyError) as exc:
         raise click.ClickException(str(exc).strip('"')) from exc
     click.echo(report.summary())
@@ -138,7 +141,7 @@ main.add_command(questions_command, "questions")
               help="Worker processes for questions, perturbation and verification (default: CPU count).")
 @click.option("--vetoes", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Reviewer vetoes to honour (default: audit/vetoes.yaml when present).")
-def build_command(source, path, patients, seed, out, per_template, questions_per_template, workers, vetoes):
+def build_command(source, quirks, path, patients, seed, out, per_template, questions_per_template, workers, vetoes):
     """Build a verified Clean–Noise benchmark: stage, ask, perturb, verify, select, export."""
     from pipeline.build import PAIRS_PER_TEMPLATE, BuildError, build
     from pipeline.layout import RunLayout
@@ -149,7 +152,7 @@ def build_command(source, path, patients, seed, out, per_template, questions_per
     if vetoes is not None and not vetoes.is_file():
         raise click.ClickException(f"vetoes file {vetoes} not found")
     try:
-        report = build(source, out, seed, path=path, patients=patients,
+        report = build(source, out, seed, path=path, patients=patients, quirks=quirks,
                        per_template=per_template or PAIRS_PER_TEMPLATE, workers=workers,
                        questions_per_template=questions_per_template or DEFAULT_PER_TEMPLATE,
                        vetoes=load_vetoes(vetoes or VETOES_FILE),

@@ -30,6 +30,8 @@ DERIVED_FACTOR = 10
 class Rule:
     """How to judge one table's rows: event identity, value, times, dictionaries."""
 
+    # The event's identity, never NULL: two rows sharing it record one event twice. It leaves out
+    # row ids (labevent_id, hadm_id, seq_num ...) wherever the event has an identity of its own.
     key: tuple[str, ...]
     value: str | None = None
     time: str | None = None
@@ -52,14 +54,15 @@ RULES: dict[str, Rule] = {
     "procedureevents": Rule(("orderid",), "value", "starttime", "endtime"),
     "prescriptions": Rule(("pharmacy_id", "drug"), None, "starttime", "stoptime"),
     "emar": Rule(("emar_id",), None, "charttime"),
-    "diagnoses_icd": Rule(("hadm_id", "seq_num", "icd_code", "icd_version"), "icd_code", codes="d_icd_diagnoses"),
-    "procedures_icd": Rule(("hadm_id", "seq_num", "icd_code", "icd_version"), "icd_code", "chartdate",
+    "diagnoses_icd": Rule(("hadm_id", "icd_code", "icd_version"), "icd_code", codes="d_icd_diagnoses"),
+    "procedures_icd": Rule(("hadm_id", "icd_code", "icd_version", "chartdate"), "icd_code", "chartdate",
                            codes="d_icd_procedures"),
+    "drgcodes": Rule(("hadm_id", "drg_type"), "description"),
     "microbiologyevents": Rule(("microevent_id",), None, "chartdate"),
     "hcpcsevents": Rule(("hadm_id", "hcpcs_cd", "seq_num"), "hcpcs_cd", "chartdate"),
-    "admissions": Rule(("hadm_id",), None, "admittime", "dischtime"),
-    "icustays": Rule(("stay_id",), None, "intime", "outtime"),
-    "transfers": Rule(("transfer_id",), None, "intime", "outtime"),
+    "admissions": Rule(("subject_id", "admittime"), None, "admittime", "dischtime"),
+    "icustays": Rule(("subject_id", "intime"), None, "intime", "outtime"),
+    "transfers": Rule(("subject_id", "intime", "eventtype"), None, "intime", "outtime"),
     "patients": Rule(("subject_id",)),
     "services": Rule(("hadm_id", "transfertime", "curr_service"), None, "transfertime"),
 }

@@ -71,11 +71,16 @@ def test_whole_graph_materializes_on_the_demo(demo_path, tmp_path):
     assert "| table | _rid |" in audit["noise_candidates_value"]["samples"].value
 
 
-def test_source_assets_on_synthetic_pass_every_check(tmp_path):
-    run = BenchmarkRun(source="synthetic", patients=300, source_seed=2, data_dir=str(tmp_path))
+@pytest.mark.parametrize("quirks", ["none", "demo"])
+def test_source_assets_on_synthetic_pass_every_check(tmp_path, quirks):
+    """Clean synthetic tables pass every check; with MIMIC's own quirks, the tables that carry them
+    warn on integrity exactly as the real demo does, and nothing is an error."""
+    run = BenchmarkRun(source="synthetic", patients=300, source_seed=2, quirks=quirks, data_dir=str(tmp_path))
     result = dg.materialize([sources.stage_mimic_tables, *sources.TABLE_CHECKS], resources={"benchmark_run": run})
     assert result.success
     evaluations = result.get_asset_check_evaluations()
     assert len(evaluations) == 2 * 31
-    failing = [(e.asset_key.to_user_string(), e.check_name) for e in evaluations if not e.passed]
-    assert not failing, failing
+    assert all(e.passed or e.severity == dg.AssetCheckSeverity.WARN for e in evaluations)
+    failing = {(e.asset_key.to_user_string(), e.check_name) for e in evaluations if not e.passed}
+    quirky = {(t, "integrity") for t in ("emar", "labevents", "prescriptions")}
+    assert failing == (quirky if quirks == "demo" else set()), failing

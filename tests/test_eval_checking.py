@@ -1,6 +1,6 @@
 """The label-free ``checking`` agent on a small benchmark built by the real pipeline (synthetic
 source, two lab templates): it answers clean questions right, abstains where the evidence is gone,
-flags duplicates and implausible values with the right category, and never touches the labels."""
+flags duplicates, value/text conflicts and implausible values with the right category, and never touches the labels."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def test_answers_clean_questions_correctly(env, pairs):
         assert call["name"] == "answer" and verdict["correct"], (p["clean_question"], verdict)
 
 
-@pytest.mark.parametrize("operator, tool", [("drop_evidence", "abstain"), ("duplicate_exact", "flag"),
+@pytest.mark.parametrize("operator, tool", [("drop_evidence", "abstain"), ("value_text_conflict", "flag"),
                                             ("duplicate_conflict", "flag"), ("implausible_value", "flag"),
                                             ("nonexistent_entity", "abstain")])
 def test_catches_the_noise(env, pairs, operator, tool):
@@ -102,7 +102,7 @@ def test_never_reads_labels(env, pairs, bench, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError(f"the checking agent read a file: {args[:1]}")
 
-    p = of(pairs, "duplicate_exact")[0]
+    p = of(pairs, "duplicate_conflict")[0]
     start = env.reset(p["pair_id"], "noise")
     monkeypatch.setattr(pq, "read_table", refuse)
     monkeypatch.setattr("builtins.open", refuse)

@@ -32,7 +32,7 @@ from pipeline.noise.model import (
     answer_of,
 )
 from pipeline.noise.operators import OPERATORS
-from pipeline.noise.operators.common import record_proposal, update
+from pipeline.noise.operators.common import record_proposal, recovered, restricted, update
 from pipeline.noise.overlay import Change, Database, Overlay
 from pipeline.noise.registry import NOISE_LEVELS, Operator
 from pipeline.noise.verify import (
@@ -57,6 +57,7 @@ P1, P2, P3 = 10000001, 10000002, 10000003
 H1, H2, H3, H4 = 20000001, 20000002, 20000003, 20000004  # H1, H2: P1's first and second stays
 S1, S2 = 30000001, 30000002
 K, NA, CREAT, K_WB, BE, K_ART = 50971, 50983, 50912, 50822, 50802, 50833
+CK, CK_MB = 50910, 50911
 FOLEY = 226559
 
 
@@ -97,6 +98,8 @@ DATA: dict[str, list[dict]] = {
         dict(itemid=K_WB, label="Potassium, Whole Blood", fluid="Blood", category="Blood Gas"),
         dict(itemid=BE, label="Base Excess", fluid="Blood", category="Blood Gas"),
         dict(itemid=K_ART, label="Potassium, Arterial", fluid="Blood", category="Blood Gas"),
+        dict(itemid=CK, label="Creatine Kinase (CK)", fluid="Blood", category="Chemistry"),
+        dict(itemid=CK_MB, label="Creatine Kinase, MB Isoenzyme", fluid="Blood", category="Chemistry"),
     ],
     "labevents": [
         _lab(1, P1, H1, K, T(2150, 1, 2, 6), "3.9", "mEq/L", 3.3, 5.1),      # rid 0
@@ -112,6 +115,8 @@ DATA: dict[str, list[dict]] = {
         _lab(11, P1, H1, BE, T(2150, 1, 2, 6, 30), "-3", "mEq/L"),           # rid 10: negative values
         _lab(12, P2, H3, BE, T(2160, 5, 2, 7), "2", "mEq/L"),                # rid 11
         _lab(13, P1, H1, K_ART, T(2150, 1, 2, 6, 30), "3.7", "mEq/L"),       # rid 12
+        _lab(14, P1, H1, CK, T(2150, 1, 3, 6), "120", "IU/L"),               # rid 13: "creatine kinase"
+        _lab(15, P1, H1, CK_MB, T(2150, 1, 3, 6), "4", "ng/mL"),             # rid 14: reads two ways
     ],
     "d_icd_diagnoses": [
         dict(icd_code="N179", icd_version=10, long_title="Acute kidney failure, unspecified"),
@@ -216,6 +221,16 @@ TEMPLATES = {t.id: t for t in [
                   entity_slot=EntitySlot("drug", "prescriptions", "drug"),
                   operators=("duplicate_exact", "nonexistent_entity", "misspelled_entity", "temporal_inversion"))),
     Template(
+        "t_rx_first", "medications", "patient",
+        ["When did patient {{ subject_id }} first start {{ drug }} during their first hospital stay?"],
+        f"SELECT min(starttime) FROM prescriptions WHERE subject_id = {{{{ subject_id|sql }}}} "
+        f"AND drug = {{{{ drug|sql }}}} AND hadm_id = {FIRST_HADM}",
+        f"SELECT 'prescriptions' AS table_name, _rid FROM prescriptions WHERE subject_id = {{{{ subject_id|sql }}}} "
+        f"AND drug = {{{{ drug|sql }}}} AND hadm_id = {FIRST_HADM} QUALIFY rank() OVER (ORDER BY starttime) = 1",
+        [Slot("subject_id", "patient", {"source": "drug"}), Slot("drug", "drug", {"patient": "subject_id"})],
+        "datetime", ["prescriptions", "admissions"],
+        NoiseSpec(evidence_table="prescriptions", time_column="starttime", operators=("time_displaced",))),
+    Template(
         "t_dx_ever", "diagnoses", "patient",
         ["Has patient {{ subject_id }} ever been diagnosed with {{ diagnosis }}?",
          "Is there a recorded diagnosis of {{ diagnosis }} for patient {{ subject_id }}?"],
@@ -242,6 +257,18 @@ TEMPLATES = {t.id: t for t in [
         ["How many times was patient {{ subject_id }} admitted to the hospital in {{ year }}?",
          "In {{ year }}, how many hospital admissions did patient {{ subject_id }} have?"],
         "SELECT count(*) FROM admissions WHERE subject_id = {{ subject_id|sql }} AND year(admittime) = {{ year }}",
+        "SELECT 'admissions' AS table_name, _rid FROM admissions "
+        "WHERE subject_id = {{ subject_id|sql }} AND year(admittime) = {{ year }}",
+        [Slot("subject_id", "patient", {"source": "admission"}), Slot("year", "year", {"patient": "subject_id"})],
+        "integer", ["admissions"],
+        NoiseSpec(evidence_table="admissions", time_column="admittime", window=("year",),
+                  operators=("window_outside_record",))),
+    Template(
+        "t_adm_year_longest", "encounters", "patient",
+        ["How many days did patient {{ subject_id }}'s longest hospital stay that began in {{ year }} last?",
+         "In {{ year }}, what was patient {{ subject_id }}'s longest hospital stay, in days?"],
+        "SELECT max(date_diff('day', admittime, dischtime)) FROM admissions "
+        "WHERE subject_id = {{ subject_id|sql }} AND year(admittime) = {{ year }}",
         "SELECT 'admissions' AS table_name, _rid FROM admissions "
         "WHERE subject_id = {{ subject_id|sql }} AND year(admittime) = {{ year }}",
         [Slot("subject_id", "patient", {"source": "admission"}), Slot("year", "year", {"patient": "subject_id"})],
@@ -278,6 +305,10 @@ QUESTIONS = {
     "dx_patients": ("t_dx_patients", {"diagnosis": "Acute kidney failure, unspecified"}, "2",
                     {"diagnoses_icd": [0, 5]}),  # N179 (ICD-10) for P1, 5849 (ICD-9) for P2
     "adm_year": ("t_adm_year", {"subject_id": P1, "year": 2150}, "1", {"admissions": [0]}),
+    "adm_longest": ("t_adm_year_longest", {"subject_id": P1, "year": 2150}, "5", {"admissions": [0]}),
+    "lab_ck": ("t_lab_last", {"subject_id": P1, "lab_label": "Creatine Kinase (CK)"}, "120.0", {"labevents": [13]}),
+    "rx_first": ("t_rx_first", {"subject_id": P1, "drug": "Furosemide"}, '"2150-01-01T12:00:00"',
+                 {"prescriptions": [0]}),
     "foley": ("t_foley_first_icu", {"subject_id": P1, "output_label": "Foley"}, "750.0",
               {"outputevents": [0, 1]}),
 }
@@ -386,8 +417,7 @@ class Case:
 
 K3 = "SELECT {} FROM labevents WHERE labevent_id = 3"
 TWINS = "SELECT valuenum, value FROM labevents WHERE itemid = 50971 AND charttime = TIMESTAMP '2150-01-05 06:00:00' ORDER BY valuenum"
-ACUTE = ('[["Acute kidney failure, unspecified",true],'
-         '["Acute respiratory failure, unspecified whether with hypoxia or hypercapnia",false]]')
+CK_READINGS = '[["Creatine Kinase (CK)",120.0],["Creatine Kinase, MB Isoenzyme",4.0]]'
 
 
 def _misspelt(original: str, slot: str):
@@ -413,22 +443,21 @@ CASES = [
          lambda rows: len(rows) == 2 and (4.2, "4.2") in rows
          and any(v != 4.2 and float(t) == v for v, t in rows),
          changes=[("labevents", "insert", len(DATA["labevents"]), None)], reason="duplicate_conflict"),
-    Case("orphan_link", "lab_k", "flag", "4.2", K3.format("hadm_id"), [(H1,)], [(None,)],
+    Case("orphan_link", "lab_k", "flag", "4.2",  # re-linked to H1, the one stay around its time
+         K3.format("hadm_id"), [(H1,)], lambda rows: rows[0][0] > H4,
          changes=[("labevents", "update", 2, "hadm_id")], reason="orphan_link"),
     Case("orphan_link", "foley", "flag", "750.0",
          "SELECT stay_id FROM outputevents WHERE stay_id IS DISTINCT FROM 30000001 AND subject_id = 10000001",
-         [], [(S2,)], changes=[("outputevents", "update", None, "stay_id")], reason="orphan_link"),
-    Case("time_displaced", "lab_k", "flag", "4.0",  # the last K without the displaced row: 4.0 (01-03 06:00)
-         K3.format("charttime"), [(T(2150, 1, 5, 6),)],
-         lambda rows: T(2150, 1, 7, 12) <= rows[0][0] < T(2150, 1, 12, 12) and rows[0][0].second == 0,
-         changes=[("labevents", "update", 2, "charttime")], reason="time_outside_stay"),
-    Case("time_displaced", "rx_count", "flag", "1",  # the displaced order set aside: one Furosemide left
+         [], lambda rows: len(rows) == 1 and rows[0][0] > S2,
+         changes=[("outputevents", "update", None, "stay_id")], reason="orphan_link"),
+    Case("time_displaced", "rx_first", "flag", '"2150-01-03T08:00:00"',  # the next Furosemide start
          "SELECT starttime, stoptime FROM prescriptions WHERE pharmacy_id = 40000001",
          [(T(2150, 1, 1, 12), T(2150, 1, 2, 12))],
-         lambda rows: rows[0][0] >= T(2150, 1, 7, 12) and rows[0][1] - rows[0][0] == dt.timedelta(days=1),
+         lambda rows: T(2149, 12, 31, 8) < rows[0][0] <= T(2150, 1, 1, 7) and rows[0][1] - rows[0][0] == dt.timedelta(days=1),
          changes=[("prescriptions", "update", 0, "starttime"), ("prescriptions", "update", 0, "stoptime")],
          reason="time_outside_stay"),
-    Case("missing_timestamp", "lab_k", "abstain", None, K3.format("charttime"), [(T(2150, 1, 5, 6),)], [(None,)],
+    Case("missing_timestamp", "lab_k", "flag", "4.2",  # its storetime still makes it the last
+         K3.format("charttime"), [(T(2150, 1, 5, 6),)], [(None,)],
          changes=[("labevents", "update", 2, "charttime")], reason="missing_timestamp"),
     # ---- value level
     Case("unit_scale", "lab_k", "flag", "4.2",  # x10 is the smallest slip past potassium's bound of 30
@@ -445,10 +474,10 @@ CASES = [
     Case("unit_label_mismatch", "lab_creat", "flag", "1.1",  # 1.1 mg/dL charted as 97.262 umol/L
          "SELECT valuenum, valueuom FROM labevents WHERE labevent_id = 5", [(1.1, "mg/dL")], [(97.262, "umol/L")],
          reason="unit_mismatch"),
-    Case("value_text_conflict", "lab_k", "flag", None, K3.format("value, valuenum"), [("4.2", 4.2)],
+    Case("value_text_conflict", "lab_k", "flag", "4.2", K3.format("value, valuenum"), [("4.2", 4.2)],
          lambda rows: rows[0][0] == "4.2" and rows[0][1] != 4.2,
          changes=[("labevents", "update", 2, "valuenum")], reason="value_text_conflict"),
-    Case("invalid_code", "dx_ever", "flag", None,  # N179 re-labelled ICD-9: no such code
+    Case("invalid_code", "dx_ever", "flag", "true",  # N179 re-labelled ICD-9: no such code, ICD-10 has it
          "SELECT icd_code, icd_version FROM diagnoses_icd WHERE hadm_id = 20000001 AND seq_num = 1",
          [("N179", 10)], [("N179", 9)], changes=[("diagnoses_icd", "update", 0, "icd_version")],
          reason="invalid_code"),
@@ -456,8 +485,9 @@ CASES = [
          lambda rows: rows[0][0] > K, changes=[("labevents", "update", 2, "itemid")]),
     Case("temporal_inversion", "icu_hours", "abstain", None,
          "SELECT intime, outtime FROM icustays WHERE stay_id = 30000001",
-         [(T(2150, 1, 2), T(2150, 1, 4, 12))], [(T(2150, 1, 4, 12), T(2150, 1, 2))],
-         changes=[("icustays", "update", 0, "intime"), ("icustays", "update", 0, "outtime")],
+         [(T(2150, 1, 2), T(2150, 1, 4, 12))],
+         lambda rows: rows[0][0] == T(2150, 1, 2) and T(2150, 1, 1, 6) <= rows[0][1] < T(2150, 1, 2),
+         changes=[("icustays", "update", 0, "outtime"), ("icustays", "update", 0, "los")],
          reason="temporal_inversion"),
     # ---- query level (the data is clean; the question is not answerable as asked)
     Case("absent_event", "lab_k", "abstain", None, slots=lambda s: s == {"subject_id": P1, "lab_label": "Sodium"}),
@@ -469,15 +499,19 @@ CASES = [
     Case("misspelled_entity", "dx_patients", "answer", "2",
          slots=_misspelt("Acute kidney failure, unspecified", "diagnosis")),
     Case("misspelled_entity", "lab_k", "answer", "4.2", slots=_misspelt("Potassium", "lab_label")),
-    Case("window_outside_record", "adm_year", "abstain", None,
+    Case("window_outside_record", "adm_longest", "abstain", None,
          slots=lambda s: s["subject_id"] == P1 and (2142 <= s["year"] <= 2147 or 2154 <= s["year"] <= 2159)),
     Case("false_premise", "lab_k", "abstain", None,  # P3 had no lab at all; P2 had potassium
          slots=lambda s: s == {"subject_id": P3, "lab_label": "Potassium"}),
-    Case("ambiguous_reference", "dx_ever", "flag", ACUTE, slots=lambda s: s == {"subject_id": P1, "diagnosis": "acute"}),
+    Case("ambiguous_reference", "lab_ck", "flag", CK_READINGS,
+         slots=lambda s: s == {"subject_id": P1, "lab_label": "Creatine Kinase"}),
 ]
 
 
-CONSEQUENCES = {"orphan_link": {"time_outside_stay"}}
+# the scope checks see a faulty evidence row again as part of its group: the same fault
+SCOPE_VIEWS = {"temporal_inversion": "inverted_in_scope", "time_outside_stay": "outside_stay_in_scope",
+               "unit_mismatch": "several_units", "orphan_link": "unlinked_in_stay"}
+CONSEQUENCES = {"orphan_link": {"time_outside_stay", "outside_stay_in_scope"}}
 
 
 @pytest.fixture(scope="module")
@@ -572,29 +606,29 @@ def test_noise_breaks_only_its_own_rule(world, candidates, case):
     assert clean == set()
     assert case.reason in noisy
     # a row re-linked to another stay also lies outside that stay: the same fault, seen from its time
-    assert noisy - CONSEQUENCES.get(case.reason, set()) == {case.reason}, noisy
+    assert noisy - CONSEQUENCES.get(case.reason, set()) - set(SCOPE_VIEWS.values()) == {case.reason}, noisy
+    assert noisy & set(SCOPE_VIEWS.values()) <= {SCOPE_VIEWS.get(r) for r in noisy}, noisy
 
 
 def test_naive_answers_by_hand(records):
     """What a naive agent reads on the noisy side, worked out from the tiny tables."""
     naive = {cid: rec["naive_answer"] for cid, rec in records.items()}
-    assert naive["time_displaced-rx_count"] == "2"
+    assert naive["time_displaced-rx_first"] < '"2150-01-01T08:00:00"'  # before the admission
     assert naive["drop_evidence-icu_hours"] is None
     assert naive["duplicate_exact-rx_count"] == "3"
     assert naive["duplicate_exact-lab_k"] == AMBIGUOUS  # two "last" potassium values
     assert naive["duplicate_conflict-lab_k"] == AMBIGUOUS
     assert naive["orphan_link-lab_k"] == "4.0"  # the unlinked row falls out of the first stay
     assert naive["orphan_link-foley"] in ("300.0", "450.0")
-    assert naive["time_displaced-lab_k"] == "4.2"  # still "last", though charted after discharge
     assert naive["missing_timestamp-lab_k"] == "4.0"  # NULL time sorts last
     assert naive["unit_scale-lab_k"] == "42.0"
     assert naive["unit_label_mismatch-lab_creat"] == "97.26"
     assert naive["invalid_code-dx_ever"] == "false"
-    assert naive["temporal_inversion-icu_hours"] == "-60.0"
+    assert -18 <= float(naive["temporal_inversion-icu_hours"]) <= -1  # the end a few hours before the start
     assert naive["absent_event-lab_k"] is None
     assert naive["misspelled_entity-dx_patients"] == "0"
-    assert naive["window_outside_record-adm_year"] == "0"
-    assert naive["ambiguous_reference-dx_ever"] == "false"
+    assert naive["window_outside_record-adm_longest"] is None
+    assert naive["ambiguous_reference-lab_ck"] is None
 
 
 def test_verification_in_one_batch_matches_one_by_one(world, candidates, records):
@@ -637,7 +671,7 @@ def test_operators_decline_what_they_cannot_perturb(world):
     assert run(db, qs["dx_patients"], "absent_event") is None
     assert run(db, qs["lab_k"], "window_outside_record") is None  # no year window
     assert run(db, qs["lab_k"], "temporal_inversion") is None  # labevents has no end time
-    assert run(db, qs["icu_hours"], "orphan_link") is None  # a stay cannot be orphaned from itself
+    assert run(db, qs["adm_year"], "orphan_link") is None  # an admission links to no stay
     assert run(db, qs["dx_ever"], "unit_scale") is None  # no numeric value
     assert run(db, qs["rx_count"], "missing_timestamp") is not None
 
@@ -733,7 +767,9 @@ def test_rejects_nondeterministic_operator(world):
         row = _k_row(db)
         new = round(100 + random.random() * 100 + time.perf_counter_ns() % 1000 / 1e4, 4)
         overlay = Overlay([update("labevents", row, "valuenum", new), update("labevents", row, "value", str(new))])
-        return record_proposal(q, overlay, "flag", "4.0", "implausible_value", [f"4.2 -> {new}"])
+        recovery = restricted(q.gold_sql, "labevents", "SELECT * FROM labevents WHERE valuenum < 50")
+        return record_proposal(q, overlay, "flag", recovered(db, q, overlay, recovery), "implausible_value",
+                               [f"4.2 -> {new}"], recovery)
 
     op = Operator("flaky", "value", "implausible_value", "test", flaky)
     cand = op.run(db, q, OperatorParams(), operator_rng(SEED, q.question_id, "flaky"))
@@ -742,6 +778,21 @@ def test_rejects_nondeterministic_operator(world):
     # the same operator with a stable value passes
     rec = verify_one(db, cand, lambda c: cand)
     assert failed_checks(rec) == []
+
+
+def test_rejects_expected_answer_the_recovery_does_not_give(world):
+    """The expected answer must be what the analyst's recovery SQL gives: not assumed, not missing."""
+    db, q = world.db, world.questions["lab_k"]
+    good = run(db, q, "implausible_value")
+    assert good.recovery_sql and failed_checks(verify_one(db, good)) == []
+    assumed = replace(good, expected_answer="12345.0")
+    assert _first_failure(verify_one(db, assumed, lambda c: assumed)) == "expected"
+    unexplained = replace(good, recovery_sql=None)
+    assert _first_failure(verify_one(db, unexplained, lambda c: unexplained)) == "expected"
+    # a recovery that also changes clean data is not the analyst's inference of this noise
+    greedy = restricted(q.gold_sql, "labevents", "SELECT * FROM labevents WHERE valuenum BETWEEN 0.01 AND 4.1")
+    overreach = replace(good, recovery_sql=greedy, expected_answer=recovered(db, q, good.overlay, greedy))
+    assert _first_failure(verify_one(db, overreach, lambda c: overreach)) == "expected"
 
 
 def test_rejects_operator_that_declines_on_rerun(world):

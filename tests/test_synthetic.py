@@ -1,4 +1,5 @@
-"""The synthetic source stages all 31 MIMIC-IV tables clean: schema, keys, FKs, times, values, determinism."""
+"""The synthetic source stages all 31 MIMIC-IV tables clean (``quirks="none"``; the real demo's quirks are
+tested in test_synthetic_quirks.py): schema, keys, FKs, times, values, determinism."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ WINDOWS = {"icustays": ("stay_id", "intime", "outtime"), "admissions": ("hadm_id
 @pytest.fixture(scope="module")
 def staged(tmp_path_factory):
     out = tmp_path_factory.mktemp("synthetic")
-    report = stage(make_source("synthetic", patients=PATIENTS, seed=7), out)
+    report = stage(make_source("synthetic", patients=PATIENTS, seed=7, quirks="none"), out)
     return out, report
 
 
@@ -205,7 +206,7 @@ def _digests(directory) -> dict[str, str]:
 
 def test_same_seed_same_bytes_other_seed_other_data(staged, tmp_path):
     out, _ = staged
-    stage(make_source("synthetic", patients=PATIENTS, seed=7), tmp_path / "again")
+    stage(make_source("synthetic", patients=PATIENTS, seed=7, quirks="none"), tmp_path / "again")
     assert _digests(tmp_path / "again") == _digests(out)
     stage(make_source("synthetic", patients=200, seed=8), tmp_path / "other")
     stage(make_source("synthetic", patients=200, seed=9), tmp_path / "other2")
@@ -214,7 +215,7 @@ def test_same_seed_same_bytes_other_seed_other_data(staged, tmp_path):
 
 
 def test_small_chunks_give_valid_output(tmp_path):
-    report = stage(SyntheticSource(patients=250, seed=3, chunk_size=60), tmp_path)
+    report = stage(SyntheticSource(patients=250, seed=3, chunk_size=60, quirks="none"), tmp_path)
     assert report.rows["patients"] == 250
     c = duckdb.connect()
     attach_staged(c, tmp_path)

@@ -15,7 +15,9 @@ def _pairs() -> list[dict]:
     """Verified candidates over every intent and noise level, two templates per intent."""
     return [{"pair_id": f"{intent}-{t}-{q}-{level}", "question_id": f"{intent}-{t}-{q}",
              "template_id": f"{intent}-{t}", "intent": intent, "level": "population" if t else "patient",
-             "noise_level": level, "operator": f"op_{level}", "verified": True}
+             "noise_level": level, "operator": f"op_{level}", "verified": True,
+             "noisy_question": f"q {intent} {t} {q} {level}", "naive_sql": "SELECT 1",
+             "answer_type": "number", "clean_answer": "1"}
             for intent in INTENTS for t in range(2) for q in range(6) for level in LEVELS]
 
 

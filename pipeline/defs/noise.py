@@ -31,7 +31,7 @@ def read_candidates(layout: RunLayout) -> list[dict]:
 @dg.multi_asset(
     specs=[dg.AssetSpec(f"noise_candidates_{level}", group_name="noise", deps=[clean_questions],
                         kinds={"duckdb", "parquet"},
-                        description=f"Every {level}-level candidate pair with its five verification checks.")
+                        description=f"Every {level}-level candidate pair with its six verification checks.")
            for level in NOISE_LEVELS],
     name="noise_candidates",
     partitions_def=SEEDS,
@@ -85,7 +85,7 @@ def verified_pairs(context: dg.AssetExecutionContext, benchmark_run: BenchmarkRu
 
 
 @dg.asset_check(asset=verified_pairs, blocking=True, partitions_def=SEEDS,
-                description="Every shipped pair passed all five verification checks.")
+                description="Every shipped pair passed all six verification checks.")
 def every_shipped_pair_is_verified(context: dg.AssetCheckExecutionContext,
                                    benchmark_run: BenchmarkRun) -> dg.AssetCheckResult:
     rows = pq.read_table(seed_layout(context, benchmark_run).verified_pairs,
@@ -119,7 +119,8 @@ def benchmark(context: dg.AssetExecutionContext, benchmark_run: BenchmarkRun) ->
     rejections = json.loads(layout.question_rejections.read_text())
     _publish_staged(layout)
     manifest = export_benchmark(layout.root, pairs, questions, rejections, noise,
-                                source_description(benchmark_run.source, benchmark_run.path, benchmark_run.patients),
+                                source_description(benchmark_run.source, benchmark_run.path, benchmark_run.patients,
+                                                   benchmark_run.quirks),
                                 seed_of(context), json.loads(layout.vetoes_applied.read_text()))
     context.log.info(f"wrote {manifest['counts']['pairs']:,} pairs to {layout.root}")
     return dg.MaterializeResult(metadata={

@@ -19,6 +19,8 @@ class BenchmarkRun(dg.ConfigurableResource):
     source: str = Field(default="synthetic", description="synthetic | demo | mimic")
     path: str | None = Field(default=None, description="MIMIC-IV folder (hosp/, icu/) for demo or mimic")
     patients: int = Field(default=DEFAULT_SYNTHETIC_PATIENTS, description="synthetic patients")
+    quirks: str = Field(default="demo", description="synthetic: the real demo's background data-quality quirks "
+                        "(demo) or none")
     source_seed: int = Field(default=0, description="seed of the synthetic generator: the staged tables "
                              "every seed partition shares (a benchmark's own seed is its partition)")
     questions_per_template: int = Field(default=DEFAULT_PER_TEMPLATE, description="clean questions drawn per template")
@@ -37,4 +39,4 @@ class BenchmarkRun(dg.ConfigurableResource):
         return RunLayout.for_partition(self.source, seed, self.data_dir)
 
     def make_source(self) -> Source:
-        return make_source(self.source, self.path, patients=self.patients, seed=self.source_seed)
+        return make_source(self.source, self.path, patients=self.patients, seed=self.source_seed, quirks=self.quirks)

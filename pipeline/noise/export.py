@@ -44,6 +44,7 @@ class PairRecord:
     naive_sql: str
     expected_behavior: str
     expected_answer: str | None
+    recovery_sql: str | None  # what a careful analyst runs on the noisy database to get expected_answer
     discrepancy: str
     evidence: str  # JSON: table -> _rids of the clean answer
     verification: str  # JSON: each check's outcome and what it measured
@@ -184,8 +185,11 @@ def dataset_card(manifest: dict) -> str:
         "clean clinical question with its gold SQL and answer, and a noisy twin: the same question on a",
         "database perturbed by a small overlay (record or value level), or a rewritten question (query",
         "level), with the behaviour a careful agent should show (`answer`, `abstain` or `flag`).",
-        "Every pair passed five mechanical checks (clean, effect, detectable, local, deterministic);",
-        "see the `verification` column.",
+        "Every pair passed six mechanical checks (clean, local, effect, expected, detectable,",
+        "deterministic); see the `verification` column. Expected behaviours follow the project's",
+        "labelling policy (docs/labels.md in the EHR-RobustGym repository): what a careful analyst can",
+        "infer with SQL on the noisy database alone; `recovery_sql` is that inference for pairs that",
+        "expect an answer.",
         "",
         "```python",
         "from datasets import load_dataset",

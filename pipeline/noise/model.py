@@ -90,6 +90,9 @@ class Proposal:
     detector: Detector
     change_log: list[str]
     noisy_slots: dict
+    # The SQL a careful analyst runs on the noisy database to reach ``expected_answer`` (None when
+    # the expected behaviour carries no answer): the label is computed by it, and re-checked.
+    recovery_sql: str | None = field(default=None, kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -105,13 +108,25 @@ class Candidate(Proposal):
         return json.dumps({
             "operator": self.operator.name, "question": self.noisy_question, "naive_sql": self.naive_sql,
             "behavior": self.expected_behavior, "answer": self.expected_answer, "slots": self.noisy_slots,
+            "recovery_sql": self.recovery_sql,
             "changes": [[c.table, c.op, c.rid, c.column, c.new_value_json()] for c in self.overlay.changes],
             "detector": [self.detector.reason, self.detector.scope, self.detector.sql, self.detector.clean_sql],
         }, sort_keys=True, default=str)
 
 
 def answer_of(rows: list[tuple], answer_type: str) -> str | None:
-    """Normalised answer of query rows; None when empty, :data:`AMBIGUOUS` when several."""
+    """Normalised answer of query rows; None when empty, :data:`AMBIGUOUS` when several.
+
+    Rows of two columns ``(reading, value)`` answer an ambiguous name once per reading, as
+    ``[[reading, answer], ...]`` by reading (the form :mod:`pipeline.gym.scoring` grades); readings
+    without an answer are left out."""
+    if rows and len(rows[0]) == 2:
+        by_reading: dict[str, list[tuple]] = {}
+        for reading, value in rows:
+            by_reading.setdefault(reading, []).append((value,))
+        answers = [(r, answer_of(v, answer_type)) for r, v in sorted(by_reading.items())]
+        readings = [[r, json.loads(a)] for r, a in answers if a is not None and a != AMBIGUOUS]
+        return json.dumps(readings, ensure_ascii=False, separators=(",", ":")) if readings else None
     try:
         return normalise(rows, answer_type)
     except AnswerError as exc:

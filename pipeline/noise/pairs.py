@@ -88,6 +88,7 @@ def pair_record(c: Candidate, verification: dict, seed: int) -> dict:
         naive_sql=c.naive_sql,
         expected_behavior=c.expected_behavior,
         expected_answer=c.expected_answer,
+        recovery_sql=c.recovery_sql,
         discrepancy=op.discrepancy,
         evidence=json.dumps(q.evidence, sort_keys=True, separators=(",", ":")),
         verification=json.dumps(verification, sort_keys=True, separators=(",", ":"), default=str),

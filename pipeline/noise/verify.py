@@ -4,6 +4,9 @@
 - local: the noisy tables differ from the clean ones exactly by the overlay (checked cell by cell);
 - effect: the naive SQL on the noisy database does not give the expected outcome (the expected
   answer, or — when the right behaviour carries none — the clean answer): the noise matters;
+- expected: the expected answer is what the careful analyst's ``recovery_sql`` gives on the noisy
+  database, and (for record and value noise) that same inference leaves the clean answer unchanged
+  on the clean database; a pair whose behaviour carries no answer has no recovery SQL;
 - detectable: the operator's detector fires on the noisy database and not on the clean evidence;
 - deterministic: re-running the operator with the same seed proposes the same pair.
 """
@@ -18,7 +21,7 @@ from pipeline.noise.overlay import Database
 from pipeline.questions.evidence import evidence_violations
 from pipeline.schema import ROW_ID, TABLES
 
-CHECKS = ("clean", "local", "effect", "detectable", "deterministic")  # in the order they run
+CHECKS = ("clean", "local", "effect", "expected", "detectable", "deterministic")  # in the order they run
 
 
 def expected_outcome(c: Candidate) -> str | None:
@@ -32,8 +35,8 @@ def verify_candidates(db: Database, candidates: list[Candidate],
                       rerun: Callable[[Candidate], Candidate | None]) -> list[dict]:
     """One verification record per candidate: each check's outcome plus what was measured.
 
-    Checks run in order (clean and local in bulk, then effect, detectable, deterministic per
-    candidate) and stop at the first failure: a rejected candidate records the check it failed.
+    Checks run in order (clean and local in bulk, then effect, expected, detectable, deterministic
+    per candidate) and stop at the first failure: a rejected candidate records the check it failed.
     """
     overlays = {i: c.overlay for i, c in enumerate(candidates) if c.overlay}
     ids = {i: db.new_id() for i in overlays}
@@ -49,6 +52,9 @@ def verify_candidates(db: Database, candidates: list[Candidate],
             rec["naive_answer"] = answer_of(db.rows(c.naive_sql), c.question.answer_type)
             rec["effect"] = rec["naive_answer"] != expected_outcome(c)
             if rec["effect"]:
+                rec["expected"] = _recovers(db, c, ids.get(i, Database.CLEAN), rec)
+            if rec.get("expected"):
+                db.use(ids.get(i, Database.CLEAN))
                 rec["detector_noisy"] = _detect(db, c)
         db.use(Database.CLEAN)
         detected = [i for i in pending if records[i].get("detector_noisy")]
@@ -71,6 +77,24 @@ def failed_checks(record: dict) -> list[str]:
     return [k for k in CHECKS if not record.get(k)]
 
 
+def _recovers(db: Database, c: Candidate, overlay_id: int, rec: dict) -> bool:
+    """The expected answer is recomputed by the recovery SQL on the noisy database (and, for
+    record/value noise, the same SQL gives the clean answer on the clean database)."""
+    if c.expected_answer is None:
+        return c.recovery_sql is None
+    if c.recovery_sql is None:
+        return False
+    db.use(overlay_id)
+    rec["recovered_answer"] = answer_of(db.rows(c.recovery_sql), c.question.answer_type)
+    if rec["recovered_answer"] != c.expected_answer:
+        return False
+    if c.operator.level == "query":
+        return True
+    db.use(Database.CLEAN)
+    rec["recovered_clean"] = answer_of(db.rows(c.recovery_sql), c.question.answer_type)
+    return rec["recovered_clean"] == c.question.answer
+
+
 def _clean_answers(db: Database, candidates: list[Candidate]) -> dict[str, bool]:
     db.use(Database.CLEAN)
     out: dict[str, bool] = {}
@@ -90,7 +114,8 @@ def _clean_detections(db: Database, candidates: list[Candidate]) -> list[int]:
     """Detector hits on the clean database: all evidence-rule detectors in one batch."""
     db.use(Database.CLEAN)
     batch = {i: _scope_rows(c) for i, c in enumerate(candidates) if c.detector.reason}
-    found = evidence_violations(db.con, batch, set(db.tables)) if batch else {}
+    reasons = {c.detector.reason for c in candidates if c.detector.reason}
+    found = evidence_violations(db.con, batch, set(db.tables), reasons) if batch else {}
     hits = []
     for i, c in enumerate(candidates):
         if c.detector.reason:

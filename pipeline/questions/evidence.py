@@ -7,6 +7,16 @@ value outside the item's plausibility bounds, unit other than the item's usual u
 contradicting the number, ICD code absent from its dictionary, broken hadm_id/stay_id link (or a
 null link while the time lies inside a stay), time outside the stay. The rules and bounds live
 in :mod:`pipeline.plausibility`, shared with the noise stage.
+
+The answer rows are not all the gold SQL reads: to pick "the last value" or "the longest order"
+it scans every row of that entity in that stay. A careful analyst probing that scope raises an
+alarm too, so the scope checks look at each evidence row's group - same table, subject, entity
+(item, drug, medication, test) and stay - for a stop before its start, a time outside its own
+stay, and at the entity across the table for several units; and at the rows of the same subject
+and entity whose hadm_id is NULL although their time lies inside the evidence's admission (rows
+the gold SQL silently skips). For a patient's question one such row rejects it; a population
+question's scope must reach a material share of bad rows (one row among hundreds does not move an
+aggregate). Noise detectors ask for their own reason only, so these never run for them.
 """
 
 from __future__ import annotations
@@ -19,11 +29,41 @@ from pipeline.schema import TABLES
 
 REASONS = ("no_evidence", "missing_value", "missing_timestamp", "temporal_inversion",
            "duplicate_conflict", "duplicate_exact", "implausible_value", "unit_mismatch",
-           "value_text_conflict", "invalid_code", "orphan_link", "time_outside_stay")
+           "value_text_conflict", "invalid_code", "orphan_link", "time_outside_stay",
+           "inverted_in_scope", "outside_stay_in_scope", "several_units", "unlinked_in_stay")
+
+# the column naming what an event is about, for tables with no itemid
+_ENTITY = {"prescriptions": "drug", "emar": "medication", "microbiologyevents": "test_itemid"}
 
 
-def _checks(table: str, rule: Rule, present: set[str]) -> list[str]:
-    """SELECT cand, reason ... queries over ``e`` (this table's evidence rows joined to the table)."""
+def _scope_group(table: str) -> tuple[str, str] | None:
+    """(entity column, stay column) of the evidence rows' scope groups; None for tables without events."""
+    t = TABLES[table]
+    entity = "itemid" if t.has("itemid") else _ENTITY.get(table)
+    if entity is None or not (t.has("subject_id") and t.has("hadm_id")):
+        return None
+    return entity, "stay_id" if t.has("stay_id") else "hadm_id"
+
+
+def _scope_ctes(table: str) -> str:
+    """``g``: each candidate's scope groups; ``s``: the rows of those groups (for tables with a scope)."""
+    group = _scope_group(table)
+    if group is None:
+        return ""
+    entity, stay = group
+    keys = ", ".join(dict.fromkeys(("subject_id", entity, stay, "hadm_id")))
+    return f""",
+        g AS MATERIALIZED (SELECT DISTINCT cand, {keys} FROM e),
+        s AS MATERIALIZED (SELECT g.cand, t.* FROM (SELECT DISTINCT cand, subject_id, {entity}, {stay} FROM g) g
+                           JOIN {table} t USING (subject_id, {entity}, {stay}))"""
+
+
+_ADMISSION_WINDOW = "least(a.admittime, coalesce(a.edregtime, a.admittime)) AND a.dischtime"  # ED time counts
+
+
+def row_checks(table: str, rule: Rule, present: set[str]) -> list[str]:
+    """SELECT cand, reason ... queries over ``e`` (this table's evidence rows joined to the table): the
+    faults one evidence row shows. Public: the checking agent probes with the same rules."""
     q: list[str] = []
     t = TABLES[table]
     if rule.value:
@@ -56,7 +96,7 @@ def _checks(table: str, rule: Rule, present: set[str]) -> list[str]:
         q.append(f"""SELECT cand, 'invalid_code' FROM e ANTI JOIN {rule.codes} d
                      ON d.icd_code = e.icd_code AND d.icd_version = e.icd_version""")
     if t.has("hadm_id") and table != "admissions" and "admissions" in present:
-        inside = f"e.{rule.time} BETWEEN least(a.admittime, coalesce(a.edregtime, a.admittime)) AND a.dischtime"
+        inside = f"e.{rule.time} BETWEEN {_ADMISSION_WINDOW}"
         q.append("""SELECT e.cand, 'orphan_link' FROM e LEFT JOIN admissions a ON a.hadm_id = e.hadm_id
                      WHERE e.hadm_id IS NOT NULL AND a.subject_id IS DISTINCT FROM e.subject_id""")
         if rule.time:
@@ -74,20 +114,55 @@ def _checks(table: str, rule: Rule, present: set[str]) -> list[str]:
     return q
 
 
+def scope_checks(table: str, rule: Rule, present: set[str]) -> list[str]:
+    """SELECT cand, reason, rows ... queries over ``g`` and ``s`` (see :func:`_scope_ctes`): how many
+    rows of each candidate's scope show the problem."""
+    group = _scope_group(table)
+    if group is None:
+        return []
+    entity, _ = group
+    q: list[str] = []
+    if rule.end:
+        q.append(f"SELECT cand, 'inverted_in_scope', count(*) FROM s WHERE {rule.end} < {rule.time} GROUP BY cand")
+    parent = PARENT_TIME.get((table, rule.time or ""))
+    if parent == "admissions" and parent in present:
+        q.append(f"""SELECT s.cand, 'outside_stay_in_scope', count(*) FROM s JOIN admissions a USING (hadm_id)
+                     WHERE NOT (s.{rule.time} BETWEEN {_ADMISSION_WINDOW}) GROUP BY s.cand""")
+    if parent == "icustays" and parent in present:
+        q.append(f"""SELECT s.cand, 'outside_stay_in_scope', count(*) FROM s JOIN icustays i USING (stay_id)
+                     WHERE s.{rule.time} NOT BETWEEN i.intime AND i.outtime GROUP BY s.cand""")
+    if rule.unit:
+        q.append(f"""SELECT s.cand, 'several_units', count(*) FROM s JOIN (
+                       SELECT itemid FROM {table} WHERE {rule.value} IS NOT NULL AND itemid IN (SELECT itemid FROM g)
+                       GROUP BY itemid HAVING count(DISTINCT coalesce({rule.unit}, '')) > 1) USING (itemid)
+                     GROUP BY s.cand""")
+    if rule.time and "admissions" in present:  # rows the evidence itself holds are not skipped
+        q.append(f"""SELECT g.cand, 'unlinked_in_stay', count(DISTINCT t._rid) FROM g JOIN admissions a USING (hadm_id)
+                     JOIN {table} t ON t.subject_id = g.subject_id AND t.{entity} = g.{entity} AND t.hadm_id IS NULL
+                     WHERE t.{rule.time} BETWEEN {_ADMISSION_WINDOW}
+                       AND NOT EXISTS (SELECT 1 FROM e WHERE e.cand = g.cand AND e._rid = t._rid)
+                     GROUP BY g.cand""")
+    return q
+
+
 def check_evidence(con: duckdb.DuckDBPyConnection, evidence: dict[int, list[tuple[str, int]]],
-                   present: set[str]) -> dict[int, str]:
+                   present: set[str], material: float = 0.0) -> dict[int, str]:
     """Reason per rejected candidate (``{cand: reason}``); candidates absent from the result are clean.
-    ``evidence`` maps a candidate number to its ``(table_name, _rid)`` rows."""
+    ``evidence`` maps a candidate number to its ``(table_name, _rid)`` rows; ``material``: see
+    :func:`evidence_violations`."""
     rejected = {c: "no_evidence" for c, rows in evidence.items() if not rows}
-    for c, reasons in evidence_violations(con, evidence, present).items():
+    for c, reasons in evidence_violations(con, evidence, present, material=material).items():
         rejected[c] = min(reasons, key=REASONS.index)
     return rejected
 
 
 def evidence_violations(con: duckdb.DuckDBPyConnection, evidence: dict[int, list[tuple[str, int]]],
-                        present: set[str], reasons: set[str] | None = None) -> dict[int, set[str]]:
+                        present: set[str], reasons: set[str] | None = None,
+                        material: float = 0.0) -> dict[int, set[str]]:
     """Every reason that fires for each candidate's evidence rows; with ``reasons``, only the checks
-    that can report one of them run (a noise detector asks for its own reason only)."""
+    that can report one of them run (a noise detector asks for its own reason only). A scope reason
+    fires when its rows are more than the ``material`` share of the scope's rows: any row for a
+    patient's question; a population aggregate over hundreds of rows is not moved by one of them."""
     rows = [(c, t, r) for c, ev in evidence.items() for t, r in ev]
     if not rows:
         return {}
@@ -103,14 +178,19 @@ def evidence_violations(con: duckdb.DuckDBPyConnection, evidence: dict[int, list
             rule = RULES.get(table)
             if rule is None:
                 continue
-            checks = [sql for sql in _checks(table, rule, present)
-                      if reasons is None or any(f"'{r}'" in sql for r in reasons)]
-            if not checks:
+            checks, scoped = ([sql for sql in kind(table, rule, present)
+                               if reasons is None or any(f"'{r}'" in sql for r in reasons)]
+                              for kind in (row_checks, scope_checks))
+            if not checks + scoped:
                 continue
+            if scoped:
+                checks.append(f"""SELECT h.cand, h.reason FROM ({" UNION ALL ".join(scoped)}) h (cand, reason, n)
+                                  JOIN (SELECT cand, count(*) AS n FROM s GROUP BY cand) z USING (cand)
+                                  WHERE h.n > {float(material)} * z.n""")
             body = "\nUNION ALL\n".join(checks)
             hits = con.execute(f"""
                 WITH e AS MATERIALIZED (SELECT ev.cand, t.* FROM _ev ev JOIN {table} t ON t._rid = ev._rid
-                                         WHERE ev.table_name = '{table}')
+                                         WHERE ev.table_name = '{table}'){_scope_ctes(table) if scoped else ""}
                 {body}""").fetchall()
             for c, reason in hits:
                 found.setdefault(c, set()).add(reason)

@@ -34,6 +34,7 @@ from pipeline.workers import worker_pool
 
 DEFAULT_PER_TEMPLATE = 40
 OVERSAMPLE = 3
+POPULATION_MATERIAL = 0.05  # share of a population question's scope rows a data-quality problem must reach
 
 SCHEMA = pa.schema([
     ("question_id", pa.string()), ("template_id", pa.string()), ("intent", pa.string()),
@@ -136,7 +137,7 @@ def _evaluate(con, template: Template, cands: list[tuple[dict, int]], present: s
     if not rows:
         return []
     evidence = _batched(con, {i: rendered[i][2] for i in rows}, "table_name, _rid")
-    bad = check_evidence(con, evidence, present)
+    bad = check_evidence(con, evidence, present, POPULATION_MATERIAL if template.level == "population" else 0.0)
     rejected.update(bad.values())
     out = []
     for i, row in rows.items():

@@ -146,10 +146,13 @@ def _pick(rng: np.random.Generator, given: list[dict], rows: list[tuple], key: s
 
 
 def entity(con, rng, given, *, source: str, patient: str | None = None, scope: str = "any",
-           numeric: bool = False, min_count: int = 1, min_patients: int = 1) -> list:
+           numeric: bool = False, min_count: int = 1, min_patients: int = 1, others: float = 0.0) -> list:
     """A value of ``source`` (item label, drug, diagnosis title, ...), optionally one the ``patient``
     slot's patient had in ``scope`` at least ``min_count`` times; population draws need
-    ``min_patients`` distinct patients so cohort answers are not trivially one person."""
+    ``min_patients`` distinct patients so cohort answers are not trivially one person.
+
+    ``others``: the share of patient draws taken instead among the values any two patients had,
+    so "has the patient ever ..." questions are not always answered yes."""
     src = SOURCES[source]
     where = [src.where, SCOPES[scope], f"{src.entity} IS NOT NULL"]
     if numeric:
@@ -164,7 +167,14 @@ def entity(con, rng, given, *, source: str, patient: str | None = None, scope: s
         GROUP BY ALL HAVING count(*) >= {int(min_count)}
            AND count(DISTINCT e.subject_id) >= {int(min_patients if patient is None else 1)}
         ORDER BY ALL""", [keys] if patient is not None else None)
-    return _pick(rng, given, rows, patient)
+    picks = _pick(rng, given, rows, patient)
+    if patient is None or not others:
+        return picks
+    common = _pool(con, f"""SELECT {src.entity} FROM {src.from_sql} WHERE {src.where} AND {src.entity} IS NOT NULL
+                            GROUP BY ALL HAVING count(DISTINCT e.subject_id) >= 2 ORDER BY ALL""")
+    alternatives = _pick(rng, given, common, None)
+    return [a if u < others and a is not None and p is not None else p
+            for p, a, u in zip(picks, alternatives, rng.random(len(given)))]
 
 
 def patient(con, rng, given, *, source: str = "admission", scope: str = "any", min_count: int = 1) -> list:
@@ -256,7 +266,7 @@ register("threshold", threshold, refs=("item",), source="lab")
 register("choice", choice)
 register("year", year, refs=("patient",), source="admission")
 register("event_year", event_year, refs=("patient", "item"), source="lab")
-_ENTITY_SAMPLERS = {
+ENTITY_SAMPLERS = {
     "admission": "admission", "icu_stay": "icu_stay", "careunit": "careunit",
     "admission_type": "admission_type", "lab_item": "lab", "chart_item": "chart",
     "output_item": "output", "input_item": "input", "datetime_item": "datetime",
@@ -270,12 +280,12 @@ _ENTITY_SAMPLERS = {
 
 
 def _entity_sampler(source: str) -> SamplerFn:
-    def fn(con, rng, given, *, patient=None, scope="any", numeric=False, min_count=1, min_patients=1):
+    def fn(con, rng, given, *, patient=None, scope="any", numeric=False, min_count=1, min_patients=1, others=0.0):
         return entity(con, rng, given, source=source, patient=patient, scope=scope, numeric=numeric,
-                      min_count=min_count, min_patients=min_patients)
+                      min_count=min_count, min_patients=min_patients, others=others)
     fn.__doc__ = f"A {source} value; see :func:`entity`."
     return fn
 
 
-for _name, _source in _ENTITY_SAMPLERS.items():
+for _name, _source in ENTITY_SAMPLERS.items():
     register(_name, _entity_sampler(_source), refs=("patient",), source=_source)

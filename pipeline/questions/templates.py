@@ -63,7 +63,49 @@ def _finalize_sql(value):
     raise TemplateError(f"value {value!r} rendered into SQL without the |sql filter")
 
 
+# Words starting with a vowel letter but a consonant sound, and letters whose name starts with a
+# vowel sound (an acronym is read letter by letter: "an MRSA screen", "an NG tube").
+_CONSONANT_SOUND = re.compile(r"^(uni|use|usu|ure|uri|uro|eu|one|once)", re.IGNORECASE)
+_VOWEL_LETTER_NAMES = "AEFHILMNORSX"
+
+
+def article(phrase) -> str:
+    """``phrase`` with "a" or "an" by its first sound: "an Albumin", "a Urea Nitrogen", "an MRSA screen"."""
+    text = str(phrase)
+    letters = re.sub(r"[^A-Za-z]", "", text.split(" ", 1)[0])
+    if len(letters) > 1 and letters.isupper() and _spelled_out(letters):
+        vowel = letters[0] in _VOWEL_LETTER_NAMES
+    else:
+        vowel = (text[:1].lower() in "aeiou" and not _CONSONANT_SOUND.match(text)) or text.lower().startswith("hour")
+    return f"{'an' if vowel else 'a'} {text}"
+
+
+_ONSETS = {"bl", "br", "ch", "cl", "cr", "dr", "fl", "fr", "gl", "gr", "kl", "kn", "ph", "pl", "pr", "sc", "sh",
+           "sk", "sl", "sm", "sn", "sp", "st", "sw", "th", "tr", "tw", "wh", "wr"}
+
+
+def _spelled_out(capitals: str) -> bool:
+    """An all-capitals word read letter by letter (MRSA, RBC, NG) rather than as a word (URINE, SWAB):
+    no vowel, or two leading consonants no English word starts with."""
+    if not re.search("[AEIOU]", capitals):
+        return True
+    return capitals[0] not in "AEIOU" and capitals[1] not in "AEIOU" and capitals[:2].lower() not in _ONSETS
+
+
+def plural(count, singular: str, plural_form: str | None = None) -> str:
+    """``count`` with its noun in agreement: "1 day", "2 days", "1 diagnosis", "3 diagnoses"."""
+    return f"{count} {singular if count == 1 else plural_form or singular + 's'}"
+
+
+def with_word(phrase, word: str) -> str:
+    """``phrase`` followed by ``word`` unless it already ends in it: "Foley output" but
+    "TF Residual Output", "Ostomy (output)" -- never "Output output"."""
+    last = re.findall(r"[A-Za-z]+", str(phrase))[-1:]
+    return str(phrase) if last and last[0].lower() == word.lower() else f"{phrase} {word}"
+
+
 _TEXT_ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=False)
+_TEXT_ENV.filters.update(article=article, plural=plural, with_word=with_word)
 _SQL_ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, finalize=_finalize_sql)
 _SQL_ENV.filters["sql"] = sql_literal
 

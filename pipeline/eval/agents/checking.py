@@ -26,7 +26,6 @@ import itertools
 import math
 import random
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
@@ -39,9 +38,8 @@ from pipeline.gym.env import Env
 from pipeline.gym.models import Start
 from pipeline.noise.operators.value import BY_UNIT, UNIT_CONVERSIONS
 from pipeline.plausibility import BOUNDS_FILE, PARENT_TIME, RULES
-from pipeline.questions.evidence import _checks as evidence_checks  # the filter's checks, one rule for both
-from pipeline.questions.samplers import _ENTITY_SAMPLERS as SAMPLER_SOURCES
-from pipeline.questions.samplers import SOURCES
+from pipeline.questions.evidence import row_checks  # the filter's checks, one rule for both
+from pipeline.questions.samplers import ENTITY_SAMPLERS, SOURCES
 from pipeline.questions.templates import Template, load_templates, render, sql_literal
 from pipeline.schema import ROW_ID, TABLES
 
@@ -56,7 +54,7 @@ VERDICTS: dict[str, tuple[str | None, str, str | None]] = {
     "duplicate_exact": ("duplicate_record", "flag", "dedupe"),
     "unit_mismatch": ("unit_mismatch", "flag", "convert"),
     "implausible_value": ("implausible_value", "flag", "implausible"),
-    "value_text_conflict": ("value_text_conflict", "flag", None),
+    "value_text_conflict": ("value_text_conflict", "flag", "from_text"),
     "invalid_code": ("invalid_code", "flag", None),
     "orphan_link": ("broken_link", "flag", "relink"),
     "time_outside_stay": ("time_outside_stay", "flag", "set_aside"),
@@ -234,12 +232,6 @@ def _levenshtein(a: str, b: str) -> int:
     return row[-1]
 
 
-def _linear(convert: Callable[[float], float]) -> tuple[float, float]:
-    """(a, b) of a linear unit conversion ``a * v + b``, to invert it."""
-    b = convert(0.0)
-    return convert(1.0) - b, b
-
-
 # ---------------------------------------------------------------------------------- the episode
 class _Done(Exception):
     """The episode ended (a terminal tool call was made)."""
@@ -308,7 +300,7 @@ class Episode:
         for r in tied if len(tied) > 1 else []:
             entity = r.template.noise.entity_slot
             for spec in r.template.slots:
-                source = SOURCES.get(SAMPLER_SOURCES.get(spec.sampler, ""))
+                source = SOURCES.get(ENTITY_SAMPLERS.get(spec.sampler, ""))
                 if (entity and spec.name == entity.slot and source is not None
                         and self.count(f"SELECT count(*) FROM {source.from_sql} "
                                        f"WHERE {source.entity} = {sql_literal(r.slots[spec.name])}")):
@@ -414,7 +406,7 @@ class Episode:
                 continue
             if rule.items in self.present and rule.value:
                 ctes.append(_bounds_ctes(t))
-            for sql in evidence_checks(t, rule, self.present):
+            for sql in row_checks(t, rule, self.present):
                 check = _parse(sql).transform(lambda n, t=t: exp.Table(
                     this=exp.to_identifier(f"e_{t}"), alias=exp.TableAlias(this=exp.to_identifier("e")))
                     if isinstance(n, exp.Table) and n.name == "e" else
@@ -539,6 +531,9 @@ class Episode:
                 return None
             fixed = f"SELECT * FROM ({relinked}) AS r WHERE {RID} IN {scope_bad} UNION ALL " \
                     f"SELECT * FROM {t}__r WHERE {RID} NOT IN {scope_bad}"
+        elif repair == "from_text":  # MIMIC derives valuenum from the charted text: the text holds
+            fixed = (f"SELECT * REPLACE (CASE WHEN {RID} IN {bad} THEN TRY_CAST({rule.text} AS DOUBLE) "
+                     f"ELSE {rule.value} END AS {rule.value}) FROM {t}__r")
         elif repair == "convert":
             fixed = self.converted(ctes, t, rule)
         else:  # implausible: a decimal slip is scaled back, anything else set aside
@@ -564,7 +559,7 @@ class Episode:
             conversion = UNIT_CONVERSIONS.get(label) or BY_UNIT.get(usual)
             if conversion is None or conversion[0] != unit:
                 return None  # no known conversion: the value cannot be recovered
-            a, b = _linear(conversion[1])
+            a, b = conversion[1], conversion[2]
             cases.append((f"{RID} IN (SELECT cand FROM bad WHERE reason = 'unit_mismatch') AND itemid = {int(itemid)} "
                           f"AND {rule.unit} = {sql_literal(unit)}", f"({rule.value} - ({b!r})) / ({a!r})", usual))
         if not cases:

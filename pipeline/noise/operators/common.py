@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 
 import numpy as np
 
@@ -42,9 +43,17 @@ def gold_answer(db: Database, q: CleanQuestion, overlay: Overlay | None = None, 
         return answer_of(db.rows(sql), q.answer_type)
 
 
-def without(db: Database, q: CleanQuestion, rids: list[int]) -> str | None:
-    """The supported answer once the corrupted rows are set aside: gold SQL without ``rids``."""
-    return gold_answer(db, q, Overlay([Change(q.evidence_table, "delete", r) for r in rids]))
+def restricted(sql: str, table: str, rows_sql: str) -> str:
+    """``sql`` reading ``table`` as ``rows_sql``: a CTE of the table's own name shadows it, so the
+    gold SQL runs unchanged on the rows a careful analyst keeps (or repairs) — a recovery SQL."""
+    cte = f"{table} AS ({rows_sql})"
+    head = re.match(r"\s*WITH\s+(?!RECURSIVE\b)", sql, re.IGNORECASE)
+    return f"WITH {cte}, {sql[head.end():]}" if head else f"WITH {cte}\n{sql}"
+
+
+def recovered(db: Database, q: CleanQuestion, overlay: Overlay, recovery_sql: str) -> str | None:
+    """The expected answer, by executing the analyst's recovery SQL on the noisy database."""
+    return gold_answer(db, q, overlay, sql=recovery_sql)
 
 
 def copy_row(db: Database, table: str, row: dict, offset: int = 0, **changes) -> Change:
@@ -59,13 +68,13 @@ def update(table: str, row: dict, column: str, value) -> Change:
 
 
 def record_proposal(q: CleanQuestion, overlay: Overlay, behavior: Behavior, expected: str | None,
-                    reason: str | None, log: list[str]) -> Proposal:
+                    reason: str | None, log: list[str], recovery_sql: str | None = None) -> Proposal:
     """A record/value-level proposal: same question and SQL, perturbed rows, detected by ``reason``
-    on the evidence plus any inserted rows."""
+    on the evidence plus any inserted rows; ``expected`` comes from ``recovery_sql`` (:func:`recovered`)."""
     scope = {q.evidence_table: sorted(set(q.evidence_rids()) | {c.rid for c in overlay.changes
                                                                   if c.op == "insert"})}
     return Proposal(overlay, q.question, q.gold_sql, behavior, expected, Detector(reason=reason, scope=scope),
-                    log, dict(q.slots))
+                    log, dict(q.slots), recovery_sql=recovery_sql)
 
 
 def text_of(number: float, like: str | None) -> str:

@@ -1,62 +1,74 @@
-"""Value-level operators: the row is there, but a cell is wrong in a way the data can reveal."""
+"""Value-level operators: the row is there, but a cell is wrong in a way the data can reveal.
+
+Each operator also writes the careful analyst's repair as SQL over the evidence table (the item's
+plausibility bounds, units and code versions inlined as literals) and labels the pair with what
+that repair gives on the noisy database: ``flag`` with the recovered answer when the data
+determines it, ``flag``/``abstain`` without one when it does not (docs/labels.md).
+"""
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import replace
 
-from pipeline.noise.model import Detector
+from pipeline.noise.model import AMBIGUOUS, Detector
 from pipeline.noise.operators.common import (
     evidence_rows,
     has_column,
     pick,
     record_proposal,
+    recovered,
+    restricted,
     text_of,
     update,
     value_column,
-    without,
 )
 from pipeline.noise.overlay import Overlay
 from pipeline.noise.registry import operator
 from pipeline.plausibility import RULES, item_bounds
 from pipeline.schema import ROW_ID
 
-UNIT_SLIPS = (10, 100, 1000)  # decimal slips, the smallest that leaves the plausible range is used
+UNIT_SLIPS = (10, 100, 1000)  # decimal slips; one is used only when it alone maps the value back
 TEXT_CONFLICT_FACTORS = (0.5, 0.7, 1.4, 1.6)  # the number drifts from its text by a visible margin
+# Real inversions (the demo's 753 prescriptions whose stoptime precedes starttime) are whole-hour
+# slips: half of them 1 h, 90% at most 17 h. Drawn uniformly from these, the sizes follow suit.
+INVERSION_HOURS = (1, 1, 1, 1, 1, 2, 3, 6, 9, 12, 17)
 
-# The same quantity charted in another unit: usual unit label -> (other label, conversion).
+# The same quantity charted in another unit: usual unit label -> (other label, scale, shift), the
+# other unit's number being ``value * scale + shift`` (public conversions, inverted in recovery SQL).
 UNIT_CONVERSIONS = {
-    "Glucose": ("mmol/L", lambda v: v / 18.016),
-    "Creatinine": ("umol/L", lambda v: v * 88.42),
-    "Urea Nitrogen": ("mmol/L", lambda v: v * 0.357),
-    "Calcium, Total": ("mmol/L", lambda v: v * 0.2495),
-    "Magnesium": ("mmol/L", lambda v: v * 0.4114),
-    "Phosphate": ("mmol/L", lambda v: v * 0.3229),
-    "Hemoglobin": ("g/L", lambda v: v * 10),
-    "Albumin": ("g/L", lambda v: v * 10),
-    "Bilirubin, Total": ("umol/L", lambda v: v * 17.1),
-    "Temperature Fahrenheit": ("°C", lambda v: (v - 32) * 5 / 9),
-    "Temperature Celsius": ("°F", lambda v: v * 9 / 5 + 32),
+    "Glucose": ("mmol/L", 1 / 18.016, 0.0),
+    "Creatinine": ("umol/L", 88.42, 0.0),
+    "Urea Nitrogen": ("mmol/L", 0.357, 0.0),
+    "Calcium, Total": ("mmol/L", 0.2495, 0.0),
+    "Magnesium": ("mmol/L", 0.4114, 0.0),
+    "Phosphate": ("mmol/L", 0.3229, 0.0),
+    "Hemoglobin": ("g/L", 10.0, 0.0),
+    "Albumin": ("g/L", 10.0, 0.0),
+    "Bilirubin, Total": ("umol/L", 17.1, 0.0),
+    "Temperature Fahrenheit": ("°C", 5 / 9, -160 / 9),
+    "Temperature Celsius": ("°F", 9 / 5, 32.0),
 }
 BY_UNIT = {  # fallbacks when the item has no specific conversion
-    "mg/dL": ("mg/L", lambda v: v * 10),
-    "g/dL": ("g/L", lambda v: v * 10),
-    "g/L": ("g/dL", lambda v: v / 10),
-    "mg/L": ("mg/dL", lambda v: v / 10),
-    "K/uL": ("/uL", lambda v: v * 1000),
-    "m/uL": ("/uL", lambda v: v * 1_000_000),
-    "IU/L": ("ukat/L", lambda v: v / 60),
-    "U/L": ("ukat/L", lambda v: v / 60),
-    "mm Hg": ("kPa", lambda v: v * 0.1333),
-    "mmHg": ("kPa", lambda v: v * 0.1333),
-    "sec": ("min", lambda v: v / 60),
-    "pg/mL": ("ng/mL", lambda v: v / 1000),
-    "ng/mL": ("ng/dL", lambda v: v * 100),
-    "kg": ("lbs", lambda v: v * 2.20462),
-    "mL": ("L", lambda v: v / 1000),
-    "ml": ("L", lambda v: v / 1000),
-    "mL/hour": ("L/hour", lambda v: v / 1000),
-    "hour": ("min", lambda v: v * 60),
-    "min": ("hour", lambda v: v / 60),
+    "mg/dL": ("mg/L", 10.0, 0.0),
+    "g/dL": ("g/L", 10.0, 0.0),
+    "g/L": ("g/dL", 0.1, 0.0),
+    "mg/L": ("mg/dL", 0.1, 0.0),
+    "K/uL": ("/uL", 1000.0, 0.0),
+    "m/uL": ("/uL", 1_000_000.0, 0.0),
+    "IU/L": ("ukat/L", 1 / 60, 0.0),
+    "U/L": ("ukat/L", 1 / 60, 0.0),
+    "mm Hg": ("kPa", 0.1333, 0.0),
+    "mmHg": ("kPa", 0.1333, 0.0),
+    "sec": ("min", 1 / 60, 0.0),
+    "pg/mL": ("ng/mL", 0.001, 0.0),
+    "ng/mL": ("ng/dL", 100.0, 0.0),
+    "kg": ("lbs", 2.20462, 0.0),
+    "mL": ("L", 0.001, 0.0),
+    "ml": ("L", 0.001, 0.0),
+    "mL/hour": ("L/hour", 0.001, 0.0),
+    "hour": ("min", 60.0, 0.0),
+    "min": ("hour", 1 / 60, 0.0),
 }
 
 
@@ -74,6 +86,18 @@ def _item_label(db, table: str, row: dict) -> str | None:
     return db.scalar(f"SELECT label FROM base.{rule.items} WHERE itemid = {row['itemid']}")
 
 
+def _sql(value) -> str:
+    """A literal for the recovery SQL: numbers exactly (repr), text quoted."""
+    return repr(float(value)) if isinstance(value, (int, float)) else "'" + str(value).replace("'", "''") + "'"
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        return float(text) if text else None
+    except ValueError:
+        return None
+
+
 def _value_changes(q, row: dict, column: str, new: float) -> list:
     """Update the number and keep its text twin (and a lab's abnormal flag) consistent with it."""
     table = q.evidence_table
@@ -87,110 +111,142 @@ def _value_changes(q, row: dict, column: str, new: float) -> list:
     return changes
 
 
+def _recovery(db, q, overlay: Overlay, rows_sql: str) -> tuple[str | None, str | None]:
+    """(expected answer, recovery SQL): the gold SQL over the analyst's repaired ``rows_sql`` of
+    the evidence table, executed on the noisy database; (None, None) when it leaves no answer."""
+    sql = restricted(q.gold_sql, q.evidence_table, rows_sql)
+    expected = recovered(db, q, overlay, sql)
+    return (None, None) if expected in (None, AMBIGUOUS) else (expected, sql)
+
+
 @operator(level="value", discrepancy="unit_error", kahn="plausibility: atemporal")
 def unit_scale(db, q, params, rng):
-    """Scale one value by a decimal factor (×10/×100/×1000) or chart it in the wrong unit system,
-    far beyond what the item allows; the supported answer converts it back (the clean answer)."""
+    """Scale one value by a decimal factor (×10/×100/×1000) far beyond what the item allows — only
+    a factor that alone maps it back into the range of the item's other values, so the analyst
+    can divide it back: flag with that recovered answer."""
+    table = q.evidence_table
     column, rows = _numeric_rows(db, q)
-    positive = [r for r in rows if r[column] > 0]
-    if not positive:
-        return None
-    row = max(positive, key=lambda r: (r[column], r[ROW_ID]))  # the largest value needs the smallest slip
-    label = _item_label(db, q.evidence_table, row)
-    bounds = item_bounds(db.con, q.evidence_table, label)
-    if bounds is None:
-        return None
-    factor = next((f for f in UNIT_SLIPS if row[column] * f > bounds[1]), None)
-    if factor is None:
-        return None
-    new = round(row[column] * factor, 2)
+    for row in sorted((r for r in rows if r[column] > 0), key=lambda r: (-r[column], r[ROW_ID])):
+        label = _item_label(db, table, row)
+        bounds = item_bounds(db.con, table, label)
+        if bounds is None:
+            continue
+        low, high = bounds
+        floor = "" if low is None else f" AND {column} >= {_sql(low)}"
+        seen = db.rows(f"SELECT min({column}), max({column}) FROM base.{table} "
+                       f"WHERE itemid = {row['itemid']} AND {column} <= {_sql(high)}{floor}")[0]
+        if seen[0] is None:
+            continue
+        for factor in UNIT_SLIPS:
+            new = round(row[column] * factor, 6)
+            fits = [d for d in UNIT_SLIPS if seen[0] <= new / d <= seen[1]]
+            if new > high and fits == [factor]:
+                return _scaled(db, q, row, column, new, factor, label, (low, high), seen)
+    return None
+
+
+def _scaled(db, q, row, column, new, factor, label, bounds, seen):
+    table = q.evidence_table
     overlay = Overlay(_value_changes(q, row, column, new))
-    return record_proposal(q, overlay, "flag", q.answer, "implausible_value",
-                           [(f"{q.evidence_table} _rid={row[ROW_ID]} ({label}): {column} {row[column]} -> {new} "
-                             f"(x{factor}; plausible range {bounds[0]}-{bounds[1]})")])
+    back = " ".join(f"WHEN {column} / {d} BETWEEN {_sql(seen[0])} AND {_sql(seen[1])} THEN {d}" for d in UNIT_SLIPS)
+    expected, sql = _recovery(db, q, overlay, (
+        f"SELECT * REPLACE (CASE WHEN itemid = {row['itemid']} AND {column} > {_sql(bounds[1])} "
+        f"THEN {column} / CASE {back} END ELSE {column} END AS {column}) FROM {table}"))
+    return record_proposal(q, overlay, "flag", expected, "implausible_value",
+                           [(f"{table} _rid={row[ROW_ID]} ({label}): {column} {row[column]} -> {new} "
+                             f"(x{factor}; plausible range {bounds[0]}-{bounds[1]}, item's values "
+                             f"{seen[0]}-{seen[1]})")], recovery_sql=sql)
 
 
 @operator(level="value", discrepancy="implausible_value", kahn="plausibility: atemporal")
 def implausible_value(db, q, params, rng):
-    """Replace one value with a physiologically impossible one; the supported answer sets it aside."""
+    """Replace one value with a physiologically impossible one; the analyst sets aside the item's
+    values outside its plausibility bounds: flag with what the rest gives (if anything)."""
+    table = q.evidence_table
     column, rows = _numeric_rows(db, q)
     row = pick(rng, rows)
     if row is None:
         return None
-    label = _item_label(db, q.evidence_table, row)
-    bounds = item_bounds(db.con, q.evidence_table, label)
+    label = _item_label(db, table, row)
+    bounds = item_bounds(db.con, table, label)
     if bounds is None:
         return None
     low, high = bounds
     negative = low is not None and low >= 0 and rng.random() < 0.5
     new = round(-abs(row[column]) - 1, 2) if negative else round(high * float(rng.uniform(2, 4)), 1)
     overlay = Overlay(_value_changes(q, row, column, new))
-    return record_proposal(q, overlay, "flag", without(db, q, [row[ROW_ID]]), "implausible_value",
-                           [(f"{q.evidence_table} _rid={row[ROW_ID]} ({label}): {column} {row[column]} -> {new} "
-                             f"(plausible range {low}-{high})")])
+    outside = f"{column} > {_sql(high)}" + ("" if low is None else f" OR {column} < {_sql(low)}")
+    expected, sql = _recovery(db, q, overlay, (
+        f"SELECT * FROM {table} WHERE NOT coalesce(itemid = {row['itemid']} AND ({outside}), false)"))
+    return record_proposal(q, overlay, "flag", expected, "implausible_value",
+                           [(f"{table} _rid={row[ROW_ID]} ({label}): {column} {row[column]} -> {new} "
+                             f"(plausible range {low}-{high})")], recovery_sql=sql)
 
 
 @operator(level="value", discrepancy="unit_mismatch", kahn="conformance: value")
 def unit_label_mismatch(db, q, params, rng):
     """Chart one value in another unit (label and number converted together), unlike the item's
-    other rows; the supported answer converts it back to the usual unit (the clean answer)."""
+    other rows; the analyst converts that unit back (a public conversion): flag with the result."""
+    table = q.evidence_table
     column, rows = _numeric_rows(db, q)
-    rule = RULES.get(q.evidence_table)
+    rule = RULES.get(table)
     if not rule or not rule.unit:
         return None
     row = pick(rng, [r for r in rows if r.get(rule.unit)])
     if row is None:
         return None
-    label = _item_label(db, q.evidence_table, row)
+    label = _item_label(db, table, row)
     conversion = UNIT_CONVERSIONS.get(label) or BY_UNIT.get(row[rule.unit])
     if conversion is None:
         return None
-    unit, convert = conversion
-    new = float(f"{convert(row[column]):.6g}")  # enough digits to convert back exactly
+    unit, scale, shift = conversion
+    new = float(f"{row[column] * scale + shift:.6g}")  # enough digits to convert back exactly
     changes = [c for c in _value_changes(q, row, column, new) if c.column != "flag"]
-    changes.append(update(q.evidence_table, row, rule.unit, unit))
-    return record_proposal(q, Overlay(changes), "flag", q.answer, "unit_mismatch",
-                           [(f"{q.evidence_table} _rid={row[ROW_ID]} ({label}): {row[column]} {row[rule.unit]} "
-                             f"-> {new} {unit}")])
+    changes.append(update(table, row, rule.unit, unit))
+    overlay = Overlay(changes)
+    other = f"itemid = {row['itemid']} AND {rule.unit} = {_sql(unit)}"
+    back = f"{column} / {_sql(scale)}" if not shift else f"({column} - {_sql(shift)}) / {_sql(scale)}"
+    expected, sql = _recovery(db, q, overlay, (
+        f"SELECT * REPLACE (CASE WHEN {other} THEN {back} ELSE {column} END AS {column}, "
+        f"CASE WHEN {other} THEN {_sql(row[rule.unit])} ELSE {rule.unit} END AS {rule.unit}) FROM {table}"))
+    return record_proposal(q, overlay, "flag", expected, "unit_mismatch",
+                           [(f"{table} _rid={row[ROW_ID]} ({label}): {row[column]} {row[rule.unit]} "
+                             f"-> {new} {unit}")], recovery_sql=sql)
 
 
 @operator(level="value", discrepancy="value_text_conflict", kahn="conformance: computational")
 def value_text_conflict(db, q, params, rng):
-    """Change the number but not its charted text: the row contradicts itself."""
+    """Change the number but not its charted text: the row contradicts itself. MIMIC derives the
+    number from the charted text, so the analyst reads the text: flag with that answer."""
+    table = q.evidence_table
     column, rows = _numeric_rows(db, q)
-    rule = RULES.get(q.evidence_table)
+    rule = RULES.get(table)
     if not rule or not rule.text or column != rule.value:
         return None
-    row = pick(rng, [r for r in rows if r.get(rule.text) and r[column]])
+    row = pick(rng, [r for r in rows if r[column] and _number(r.get(rule.text)) == r[column]])
     if row is None:
         return None
     new = round(row[column] * float(pick(rng, TEXT_CONFLICT_FACTORS)), 2)
-    overlay = Overlay([update(q.evidence_table, row, column, new)])
-    return record_proposal(q, overlay, "flag", None, "value_text_conflict",
-                           [(f"{q.evidence_table} _rid={row[ROW_ID]}: {column} {row[column]} -> {new}, "
-                             f"text still {row[rule.text]!r}")])
+    overlay = Overlay([update(table, row, column, new)])
+    expected, sql = _recovery(db, q, overlay, (
+        f"SELECT * REPLACE (coalesce(TRY_CAST({rule.text} AS DOUBLE), {column}) AS {column}) FROM {table}"))
+    return record_proposal(q, overlay, "flag", expected, "value_text_conflict",
+                           [(f"{table} _rid={row[ROW_ID]}: {column} {row[column]} -> {new}, "
+                             f"text still {row[rule.text]!r}")], recovery_sql=sql)
 
 
 @operator(level="value", discrepancy="invalid_code", kahn="conformance: value")
 def invalid_code(db, q, params, rng):
-    """Give one evidence row a code its dictionary does not know (wrong ICD version or a mangled
-    code, or an itemid with no dictionary entry)."""
+    """Give one evidence row a code its dictionary does not know: an ICD code under the wrong
+    version (the analyst reads a code known under one version only under that version: flag with
+    the recovered answer), else a mangled code or an itemid that matches nothing (flag, no answer)."""
     table, rows = q.evidence_table, evidence_rows(db, q)
     rule = RULES.get(table)
     row = pick(rng, rows)
     if row is None or not rule:
         return None
     if rule.codes and db.has(rule.codes):
-        other = 10 if row["icd_version"] == 9 else 9
-        for code, version in ((row["icd_code"], other), (row["icd_code"][:6] + "9", row["icd_version"])):
-            known = db.scalar(f"SELECT count(*) FROM base.{rule.codes} WHERE icd_code = '{code}' "
-                              f"AND icd_version = {version}")
-            if not known:
-                changes = [update(table, row, column, new) for column, new in
-                           (("icd_code", code), ("icd_version", version)) if row[column] != new]
-                log = f"{table} _rid={row[ROW_ID]}: ICD-{row['icd_version']} {row['icd_code']} -> ICD-{version} {code}"
-                return record_proposal(q, Overlay(changes), "flag", None, "invalid_code", [log])
-        return None
+        return _icd_code(db, q, row, rule.codes)
     if rule.items and db.has(rule.items) and row.get("itemid") is not None:
         new = int(db.scalar(f"SELECT max(itemid) FROM base.{rule.items}")) + 1 + int(rng.integers(1000))
         proposal = record_proposal(q, Overlay([update(table, row, "itemid", new)]), "flag", None, None,
@@ -202,19 +258,55 @@ def invalid_code(db, q, params, rng):
     return None
 
 
+def _icd_code(db, q, row: dict, codes: str):
+    table, code, version = q.evidence_table, row["icd_code"], row["icd_version"]
+    flipped, mangled = (code, 10 if version == 9 else 9), (code[:6] + "9", version)
+    for new_code, new_version in (flipped, mangled):
+        if db.scalar(f"SELECT count(*) FROM base.{codes} WHERE icd_code = {_sql(new_code)} "
+                     f"AND icd_version = {new_version}"):
+            continue
+        changes = [update(table, row, column, new) for column, new in
+                   (("icd_code", new_code), ("icd_version", new_version)) if row[column] != new]
+        overlay = Overlay(changes)
+        expected, sql = None, None
+        if new_code == code:  # the code itself is intact: its only version gives it back
+            expected, sql = _recovery(db, q, overlay, (
+                f"SELECT x.* REPLACE (coalesce(d.icd_version, x.icd_version) AS icd_version) FROM {table} x "
+                f"LEFT JOIN (SELECT icd_code, any_value(icd_version) AS icd_version FROM {codes} "
+                f"GROUP BY icd_code HAVING count(*) = 1) d ON d.icd_code = x.icd_code"))
+        elif db.scalar(f"SELECT count(*) FROM base.{codes} WHERE icd_code = {_sql(new_code)}"):
+            continue  # a mangled code that is valid under the other version would read as that one
+        log = f"{table} _rid={row[ROW_ID]}: ICD-{version} {code} -> ICD-{new_version} {new_code}"
+        return record_proposal(q, overlay, "flag", expected, "invalid_code", [log], recovery_sql=sql)
+    return None
+
+
 @operator(level="value", discrepancy="temporal_inversion", kahn="plausibility: temporal")
 def temporal_inversion(db, q, params, rng):
-    """Swap one evidence row's start and end: it ends before it begins, so durations are void."""
+    """Move one evidence row's end a few whole hours before its start (and its derived length of
+    stay with it), as real entry slips do: the true end is lost. A patient's question that rests
+    on it is abstained from; a population answer sets that one end aside and is flagged."""
     table = q.evidence_table
     rule = RULES.get(table)
     if not rule or not rule.end:
         return None
     row = pick(rng, [r for r in evidence_rows(db, q)
-                     if r.get(rule.time) is not None and r.get(rule.end) is not None
-                     and r[rule.end] > r[rule.time]])
+                     if isinstance(r.get(rule.time), dt.datetime) and isinstance(r.get(rule.end), dt.datetime)
+                     and r[rule.end] > r[rule.time] and r.get("deathtime") is None])  # a death time would show the end
     if row is None:
         return None
-    changes = [update(table, row, rule.time, row[rule.end]), update(table, row, rule.end, row[rule.time])]
-    return record_proposal(q, Overlay(changes), "abstain", None, "temporal_inversion",
-                           [(f"{table} _rid={row[ROW_ID]}: {rule.time} and {rule.end} swapped "
-                             f"({row[rule.time]} / {row[rule.end]})")])
+    end = row[rule.time] - dt.timedelta(hours=int(pick(rng, INVERSION_HOURS)))
+    changes = [update(table, row, rule.end, end)]
+    derived = has_column(table, "los")
+    if derived:
+        changes.append(update(table, row, "los", (end - row[rule.time]).total_seconds() / 86400))
+    overlay = Overlay(changes)
+    log = [f"{table} _rid={row[ROW_ID]}: {rule.end} {row[rule.end]} -> {end} (start {row[rule.time]})"]
+    if q.template.level != "population":
+        return record_proposal(q, overlay, "abstain", None, "temporal_inversion", log)
+    lost = f"{rule.end} < {rule.time}"
+    los = f", CASE WHEN {lost} THEN NULL ELSE los END AS los" if derived else ""
+    expected, sql = _recovery(db, q, overlay, (
+        f"SELECT * REPLACE (CASE WHEN {lost} THEN NULL ELSE {rule.end} END AS {rule.end}{los}) FROM {table}"))
+    return record_proposal(q, overlay, "flag" if expected is not None else "abstain", expected,
+                           "temporal_inversion", log, recovery_sql=sql)

@@ -1,8 +1,10 @@
-"""The built-in synthetic MIMIC-IV source: all 31 v2.2 tables, clean and referentially consistent.
+"""The built-in synthetic MIMIC-IV source: all 31 v2.2 tables, referentially consistent, with the
+real demo's background data-quality quirks (:mod:`quirks`) unless ``quirks="none"``.
 
 Patients are generated in chunks (each with its own generator spawned from the seed), so memory is
-bounded and the output depends only on ``seed``, ``patients`` and ``chunk_size``. Identifier counters
-run across chunks so keys stay unique; dictionaries, providers and caregivers are written once.
+bounded and the output depends only on ``seed``, ``patients``, ``chunk_size`` and ``quirks``.
+Identifier counters run across chunks so keys stay unique; dictionaries, providers and caregivers
+are written once.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.sources.synthetic import cohort, devices, hospital, icu, medications
+from pipeline.sources.synthetic import cohort, devices, hospital, icu, medications, quirks
 from pipeline.sources.synthetic import reference as ref
 from pipeline.staging import TableSink
 
@@ -52,6 +54,7 @@ class SyntheticSource:
     patients: int = 1000
     seed: int = 0
     chunk_size: int = 2000
+    quirks: str = "demo"
     name: str = "synthetic"
 
     def emit(self, sink: TableSink) -> None:
@@ -65,7 +68,10 @@ class SyntheticSource:
         counters = _Counters()
         for i, chunk_seed in enumerate(chunk_seeds):
             n = min(self.chunk_size, self.patients - i * self.chunk_size)
-            for name, table in _chunk(np.random.default_rng(chunk_seed), n, counters, providers, caregivers):
+            # the quirks' own stream: the clean values are the same with or without them
+            quirk_rng = np.random.default_rng(chunk_seed.spawn(1)[0]) if self.quirks == "demo" else None
+            for name, table in _chunk(np.random.default_rng(chunk_seed), n, counters, providers, caregivers,
+                                      quirk_rng):
                 sink.write(name, table)
 
 
@@ -82,8 +88,8 @@ def _dictionaries(providers: np.ndarray, caregivers: np.ndarray) -> dict[str, pa
     }
 
 
-def _chunk(rng, n: int, k: _Counters, providers, caregivers):
-    """Yield (table name, Arrow table) for one chunk of ``n`` patients."""
+def _chunk(rng, n: int, k: _Counters, providers, caregivers, quirk_rng: np.random.Generator | None):
+    """Yield (table name, Arrow table) for one chunk of ``n`` patients, with quirks when ``quirk_rng``."""
     c = cohort.generate(rng, k.patient, n, k.admission, k.stay)
     k.patient += n
     k.admission += len(c.patient)
@@ -101,9 +107,12 @@ def _chunk(rng, n: int, k: _Counters, providers, caregivers):
     yield "hcpcsevents", hospital.hcpcsevents(rng, c)
     yield "omr", hospital.omr(rng, c)
     labs, n_labs, n_specimens = hospital.labevents(rng, c, providers, k.lab, k.lab_specimen)
-    k.lab += n_labs
-    k.lab_specimen += n_specimens
     lab_draws = _draw_times(labs, c)
+    if quirk_rng is not None:
+        labs, n_twins = quirks.labevents(quirk_rng, labs, c, k.lab + n_labs, k.lab_specimen + n_specimens)
+        n_specimens += n_twins
+    k.lab += labs.num_rows
+    k.lab_specimen += n_specimens
     yield "labevents", labs
     del labs
     micro, n_micro, n_micro_specimens = hospital.microbiologyevents(rng, c, providers, k.micro, k.micro_specimen)
@@ -112,6 +121,8 @@ def _chunk(rng, n: int, k: _Counters, providers, caregivers):
     yield "microbiologyevents", micro
     meds, n_orders = medications.emit(rng, c, providers, lab_draws, k.pharmacy)
     k.pharmacy += n_orders
+    if quirk_rng is not None:
+        meds = quirks.medications(quirk_rng, meds, c)
     yield from meds.items()
     placed = devices.place(rng, c)
     ventilated = placed.of(devices.VENTILATION)
