@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import os
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -65,6 +66,14 @@ def test_reset_gives_the_sides_question_schema_without_rid_and_tool_schemas(env,
     assert tools["flag"]["parameters"]["required"] == ["category", "evidence"]
     assert "unit_error" in tools["flag"]["parameters"]["properties"]["category"]["enum"]
     json.dumps(noise.tools)
+
+
+def test_every_prompt_shares_the_schema_as_a_prefix_and_ends_with_its_question(env, rows):
+    first, second = env.reset("p_count", "clean").content, env.reset("p_maxlab", "noise").content
+    assert first.endswith(rows["p_count"]["clean_question"]) and second.endswith(rows["p_maxlab"]["noisy_question"])
+    shared = os.path.commonprefix([first, second])  # what a model server reads once and caches
+    assert "Tables (DuckDB types)" in shared and "Problem categories" in shared
+    assert len(shared) > len(first) - len(rows["p_count"]["clean_question"]) - 20
 
 
 def test_reset_refuses_unknown_pair_and_side(env):

@@ -38,7 +38,7 @@ from pipeline.gym.sandbox import Worker
 from pipeline.gym.scoring import judge
 from pipeline.gym.tools import TOOLS
 
-GYM_VERSION = "1"
+GYM_VERSION = "2"  # 2: the question follows the schema in the first user message
 
 SYSTEM_PROMPT = """You answer clinical questions from a MIMIC-IV database (DuckDB). The records may \
 contain errors, gaps or contradictions, and a question may not be answerable from them: check the \
@@ -97,8 +97,11 @@ class Env:
         self._pair, self._verdict = pair, None
         question = pair.question(side)
         self._state = EpisodeState(episode_id=self._episodes, pair_id=pair_id, side=side, question=question)
-        prompt = (f"{question}\n\nTables (DuckDB types):\n{self.schema_text}\n\n"
-                  f"Problem categories (for abstain and flag): {', '.join(self.benchmark.categories)}")
+        # The question comes last: every episode's prompt then shares the long schema as a prefix,
+        # which model servers cache (llama.cpp, vLLM, hosted APIs) instead of reading it again.
+        prompt = (f"Tables (DuckDB types):\n{self.schema_text}\n\n"
+                  f"Problem categories (for abstain and flag): {', '.join(self.benchmark.categories)}\n\n"
+                  f"Question: {question}")
         self.messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": prompt}]
         self._started, self._seconds = time.perf_counter(), 0.0
         return Start(content=prompt, pair_id=pair_id, side=side, question=question, tables=self.tables,
