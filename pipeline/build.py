@@ -69,6 +69,15 @@ class BuildReport:
         lines.append(f"wrote {self.out}")
         return "\n".join(lines)
 
+    def profile(self) -> str:
+        """Where the time went: by stage, then the noise stage's worker time by operator and by check."""
+        total = sum(self.timings.values()) or 1.0
+        lines = ["time by stage (wall):"]
+        lines += [f"  {k:<10}{v:>9.1f} s {v / total:>7.1%}" for k, v in self.timings.items()]
+        lines.append("noise stage, seconds inside workers (summed over workers):")
+        lines += ["  " + line for line in self.noise.profile.lines()]
+        return "\n".join(lines)
+
 
 def _counts(pairs: list[dict], key) -> dict:
     return dict(sorted(Counter(key(p) for p in pairs).items()))

@@ -141,7 +141,11 @@ main.add_command(questions_command, "questions")
               help="Worker processes for questions, perturbation and verification (default: CPU count).")
 @click.option("--vetoes", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Reviewer vetoes to honour (default: audit/vetoes.yaml when present).")
-def build_command(source, quirks, path, patients, seed, out, per_template, questions_per_template, workers, vetoes):
+@click.option("--profile", is_flag=True,
+              help="Also print where the time went: by stage, and in the noise stage by operator and by check.")
+@click.option("--quiet", is_flag=True, help="No progress lines, even on a terminal (the summary still prints).")
+def build_command(source, quirks, path, patients, seed, out, per_template, questions_per_template, workers, vetoes,
+                  profile, quiet):
     """Build a verified Clean–Noise benchmark: stage, ask, perturb, verify, select, export."""
     from pipeline.build import PAIRS_PER_TEMPLATE, BuildError, build
     from pipeline.layout import RunLayout
@@ -156,10 +160,12 @@ def build_command(source, quirks, path, patients, seed, out, per_template, quest
                        per_template=per_template or PAIRS_PER_TEMPLATE, workers=workers,
                        questions_per_template=questions_per_template or DEFAULT_PER_TEMPLATE,
                        vetoes=load_vetoes(vetoes or VETOES_FILE),
-                       log=click.echo if sys.stdout.isatty() else None)  # quiet when piped
+                       log=click.echo if sys.stdout.isatty() and not quiet else None)  # quiet when piped
     except (StagingError, BuildError, VetoError) as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(report.summary())
+    if profile:
+        click.echo(report.profile())
 
 
 @main.command("check")

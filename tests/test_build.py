@@ -48,6 +48,19 @@ def test_every_shipped_pair_is_verified_and_balanced(demo_build):
     assert set(splits.values()) == {"train", "dev", "test"}
 
 
+def test_the_profile_accounts_for_every_operator_call_and_check(demo_build):
+    _, report = demo_build
+    noise, profile = report.noise, report.noise.profile
+    for op in OPERATORS:  # every proposal attempt is timed: proposed or declined
+        assert profile.calls[("operator", op)] == noise.proposed[op] + noise.not_applicable[op], op
+    assert profile.calls[("check", "clean")] == sum(noise.proposed.values())
+    assert profile.calls[("check", "deterministic")] == sum(noise.verified.values()) + sum(
+        n for (_, check), n in noise.rejected.items() if check == "deterministic")
+    text = report.profile()
+    assert all(stage in text for stage in ("stage", "questions", "noise", "export"))
+    assert "deterministic" in text and "misspelled_entity" in text
+
+
 def test_overlays_belong_to_pairs_and_reopen(demo_build):
     out, _ = demo_build
     con = duckdb.connect()

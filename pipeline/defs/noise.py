@@ -60,6 +60,7 @@ def noise_candidates(context: dg.AssetExecutionContext, benchmark_run: Benchmark
             "by_operator": dg.MetadataValue.md(operator_table(level_report)),
             "samples": dg.MetadataValue.md(samples_markdown(mine, layout.staged)),
             "seconds": round(report.seconds, 1),
+            "profile": dg.MetadataValue.md("```\n" + "\n".join(report.profile.lines()) + "\n```"),
         })
 
 

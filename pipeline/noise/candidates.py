@@ -15,6 +15,7 @@ from pipeline.noise.model import Candidate, CleanQuestion, OperatorParams
 from pipeline.noise.operators import OPERATORS
 from pipeline.noise.overlay import Database
 from pipeline.noise.registry import NOISE_LEVELS
+from pipeline.profile import Profile
 from pipeline.questions.templates import Template
 
 DEFAULT_OPERATORS_PER_QUESTION = 2
@@ -56,14 +57,16 @@ def run_operator(db: Database, q: CleanQuestion, name: str, seed: int, pools: di
 
 def propose(db: Database, questions: list[CleanQuestion], seed: int,
             per_question: int = DEFAULT_OPERATORS_PER_QUESTION,
-            vetoed_families: frozenset[tuple[str, str]] = frozenset()) -> tuple[list[Candidate], CandidateReport]:
+            vetoed_families: frozenset[tuple[str, str]] = frozenset(),
+            profile: Profile | None = None) -> tuple[list[Candidate], CandidateReport]:
     """Up to ``per_question`` candidates per question, each from a different noise level.
 
     Value-level noise applies to the fewest questions, so it is tried first; the other levels
     follow in a seeded order, and within a level the admitted operators are tried in a seeded
     order until one applies. A reviewer's vetoed (template, operator) families are never tried,
-    so the question's next admitted operator takes their place."""
+    so the question's next admitted operator takes their place. ``profile`` gets each operator's time."""
     started = time.perf_counter()
+    profile = profile or Profile()
     report = CandidateReport()
     pools = entity_pools(questions)
     out: list[Candidate] = []
@@ -78,7 +81,8 @@ def propose(db: Database, questions: list[CleanQuestion], seed: int,
                 if taken >= per_question:
                     break
                 name = ops[k]
-                cand = run_operator(db, q, name, seed, pools)
+                with profile.timed("operator", name):
+                    cand = run_operator(db, q, name, seed, pools)
                 if cand is None:
                     report.not_applicable[name] += 1
                     continue

@@ -31,6 +31,7 @@ from pipeline.noise.operators import OPERATORS
 from pipeline.noise.overlay import Database
 from pipeline.noise.verify import CHECKS, failed_checks, verify_candidates
 from pipeline.plausibility import register_bounds
+from pipeline.profile import Profile
 from pipeline.questions.templates import load_templates
 from pipeline.workers import worker_pool
 
@@ -44,6 +45,7 @@ class NoiseReport:
     verified: Counter = field(default_factory=Counter)  # operator -> verified
     rejected: Counter = field(default_factory=Counter)  # (operator, first failed check) -> candidates
     seconds: float = 0.0
+    profile: Profile = field(default_factory=Profile)  # worker time by operator and by check
 
     @classmethod
     def from_records(cls, records: list[dict], not_applicable: Counter | None = None) -> NoiseReport:
@@ -102,18 +104,21 @@ def pair_record(c: Candidate, verification: dict, seed: int) -> dict:
 
 
 def _shard(staged_dir: str, rows: list[dict], seed: int, per_question: int,
-           vetoed_families: frozenset[tuple[str, str]]) -> tuple[list[dict], Counter]:
-    templates = load_templates()
-    db = Database(staged_dir)
+           vetoed_families: frozenset[tuple[str, str]]) -> tuple[list[dict], Counter, Profile]:
+    profile = Profile()
+    with profile.timed("open", "staged tables"):
+        templates = load_templates()
+        db = Database(staged_dir)
     try:
         register_bounds(db.con, db.tables)
         questions = load_questions(pa.Table.from_pylist(rows), templates)
         pools = entity_pools(questions)
-        candidates, proposal = propose(db, questions, seed, per_question, vetoed_families)
-        records = verify_candidates(db, candidates, lambda c: run_operator(db, c.question, c.operator.name, seed, pools))
+        candidates, proposal = propose(db, questions, seed, per_question, vetoed_families, profile)
+        records = verify_candidates(db, candidates, lambda c: run_operator(db, c.question, c.operator.name, seed, pools),
+                                    profile)
     finally:
         db.close()
-    return [pair_record(c, rec, seed) for c, rec in zip(candidates, records)], proposal.not_applicable
+    return [pair_record(c, rec, seed) for c, rec in zip(candidates, records)], proposal.not_applicable, profile
 
 
 def candidate_records(staged_dir: str | os.PathLike, questions: pa.Table, seed: int,
@@ -146,10 +151,12 @@ def candidate_records(staged_dir: str | os.PathLike, questions: pa.Table, seed: 
                 if progress:
                     progress(done, len(futures), future.result()[0])
             results = [f.result() for f in futures]
-    records = sorted((r for shard, _ in results for r in shard), key=lambda r: r["pair_id"])
+    records = sorted((r for shard, _, _ in results for r in shard), key=lambda r: r["pair_id"])
     not_applicable: Counter = Counter()
-    for _, counts in results:
+    for _, counts, _ in results:
         not_applicable.update(counts)
     report = NoiseReport.from_records(records, not_applicable)
+    for _, _, profile in results:
+        report.profile.merge(profile)
     report.seconds = time.perf_counter() - started
     return records, report

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from pipeline.noise.model import Candidate, answer_of
 from pipeline.noise.overlay import Database
+from pipeline.profile import Profile
 from pipeline.questions.evidence import evidence_violations
 from pipeline.schema import ROW_ID, TABLES
 
@@ -32,38 +33,48 @@ def expected_outcome(c: Candidate) -> str | None:
 
 
 def verify_candidates(db: Database, candidates: list[Candidate],
-                      rerun: Callable[[Candidate], Candidate | None]) -> list[dict]:
+                      rerun: Callable[[Candidate], Candidate | None], profile: Profile | None = None) -> list[dict]:
     """One verification record per candidate: each check's outcome plus what was measured.
 
     Checks run in order (clean and local in bulk, then effect, expected, detectable, deterministic
     per candidate) and stop at the first failure: a rejected candidate records the check it failed.
+    ``profile`` gets each check's time (``open``: loading the overlays).
     """
+    timed = (profile or Profile()).timed
     overlays = {i: c.overlay for i, c in enumerate(candidates) if c.overlay}
     ids = {i: db.new_id() for i in overlays}
-    db.load({ids[i]: o for i, o in overlays.items()})
+    with timed("open", "load overlays", len(overlays)):
+        db.load({ids[i]: o for i, o in overlays.items()})
     try:
-        clean = _clean_answers(db, candidates)
-        local = _locality(db, candidates, ids)
+        with timed("check", "clean", len(candidates)):
+            clean = _clean_answers(db, candidates)
+        with timed("check", "local", len(candidates)):
+            local = _locality(db, candidates, ids)
         records = [{"clean": clean[c.question.question_id], "local": local[i]} for i, c in enumerate(candidates)]
         pending = [i for i, r in enumerate(records) if r["clean"] and r["local"]]
         for i in pending:
             c, rec = candidates[i], records[i]
-            db.use(ids.get(i, Database.CLEAN))
-            rec["naive_answer"] = answer_of(db.rows(c.naive_sql), c.question.answer_type)
-            rec["effect"] = rec["naive_answer"] != expected_outcome(c)
-            if rec["effect"]:
-                rec["expected"] = _recovers(db, c, ids.get(i, Database.CLEAN), rec)
-            if rec.get("expected"):
+            with timed("check", "effect"):
                 db.use(ids.get(i, Database.CLEAN))
-                rec["detector_noisy"] = _detect(db, c)
+                rec["naive_answer"] = answer_of(db.rows(c.naive_sql), c.question.answer_type)
+                rec["effect"] = rec["naive_answer"] != expected_outcome(c)
+            if rec["effect"]:
+                with timed("check", "expected"):
+                    rec["expected"] = _recovers(db, c, ids.get(i, Database.CLEAN), rec)
+            if rec.get("expected"):
+                with timed("check", "detectable (noisy)"):
+                    db.use(ids.get(i, Database.CLEAN))
+                    rec["detector_noisy"] = _detect(db, c)
         db.use(Database.CLEAN)
         detected = [i for i in pending if records[i].get("detector_noisy")]
-        clean_hits = _clean_detections(db, [candidates[i] for i in detected])
+        with timed("check", "detectable (clean)", len(detected)):
+            clean_hits = _clean_detections(db, [candidates[i] for i in detected])
         for i, hits in zip(detected, clean_hits):
             records[i]["detector_clean"] = hits
             records[i]["detectable"] = hits == 0
             if records[i]["detectable"]:
-                again = rerun(candidates[i])
+                with timed("check", "deterministic"):
+                    again = rerun(candidates[i])
                 records[i]["deterministic"] = again is not None and again.fingerprint() == candidates[i].fingerprint()
         return records
     finally:
