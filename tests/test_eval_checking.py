@@ -11,12 +11,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.eval.agent import make_agent
-from pipeline.eval.agents.checking import read_question
+from pipeline.eval.agents.checking import INT_SAMPLERS, read_question
 from pipeline.gym.env import Env
 from pipeline.noise.export import overlays_table, pairs_table
 from pipeline.noise.pairs import candidate_records
 from pipeline.questions.generate import generate_questions
-from pipeline.questions.templates import load_templates
+from pipeline.questions.templates import load_templates, render
 from pipeline.sources import make_source
 from pipeline.staging import stage
 
@@ -67,6 +67,33 @@ def test_reads_every_question_back_to_its_template(pairs):
     for p in pairs:
         readings = read_question(p["clean_question"])
         assert readings and readings[0].template.id == p["template_id"], p["clean_question"]
+
+
+def _example_slots(template) -> dict:
+    values = {}
+    for slot in template.slots:
+        if slot.sampler == "choice":
+            values[slot.name] = slot.params["values"][0]
+        elif slot.sampler in INT_SAMPLERS:
+            values[slot.name] = 3
+        elif slot.sampler == "threshold":
+            values[slot.name] = 1.5
+        else:
+            values[slot.name] = "Urea Nitrogen"
+    return values
+
+
+@pytest.mark.parametrize("grammar", ["|article", "|plural", "|with_word"])
+def test_reads_back_questions_rendered_through_the_grammar_filters(grammar):
+    read = 0
+    for template in load_templates():
+        for variant, text in enumerate(template.questions):
+            if grammar not in text:
+                continue
+            question = render(template, _example_slots(template), variant)[0]
+            assert template.id in {r.template.id for r in read_question(question)}, question
+            read += 1
+    assert read >= 2
 
 
 def test_answers_clean_questions_correctly(env, pairs):

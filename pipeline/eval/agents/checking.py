@@ -95,17 +95,28 @@ def _patterns() -> list[tuple[Template, int, re.Pattern, tuple[str, ...]]]:
             text, seen, parts, pos = " ".join(text.split()), set(), [], 0
             for m in re.finditer(r"\{\{\s*(.+?)\s*\}\}", text):
                 parts.append(re.escape(text[pos:m.start()]))
-                slot = m.group(1)
+                slot, shape = _slot_shape(m.group(1))
                 if slot not in template.slot_names:
                     parts.append(".*?")
                 else:
-                    parts.append(f"(?P={slot})" if slot in seen else f"(?P<{slot}>.+?)")
+                    parts.append(shape.format(f"(?P={slot})" if slot in seen else f"(?P<{slot}>.+?)"))
                     seen.add(slot)
                 pos = m.end()
             parts.append(re.escape(text[pos:]))
             hidden = tuple(s for s in template.slot_names if s not in seen and re.search(rf"\b{s}\b", text))
             out.append((template, variant, re.compile("".join(parts), re.S), hidden))
     return out
+
+
+def _slot_shape(expression: str) -> tuple[str, str]:
+    """The slot an expression renders and the regex around its value (``{}``): a bare slot, or one
+    through the question grammar's filters ("an Albumin", "3 days", "Foley output")."""
+    m = re.fullmatch(r"(\w+)\s*\|\s*(\w+)\s*(?:\(\s*'([^']*)'\s*\))?", expression)
+    if m is None:
+        return expression, "{}"
+    slot, name, word = m.groups()
+    shapes = {"article": "an? {}", "plural": "{} \\S+", "with_word": "{}" + f"(?: {re.escape(word or '')})?"}
+    return (slot, shapes[name]) if name in shapes else (expression, "{}")
 
 
 def _typed(template: Template, slot: str, text: str):
