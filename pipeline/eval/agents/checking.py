@@ -460,11 +460,13 @@ class Episode:
                     f"LEFT JOIN icustays own ON own.stay_id = t.stay_id AND own.subject_id = t.subject_id "
                     f"LEFT JOIN icustays p ON own.stay_id IS NULL AND p.subject_id = t.subject_id "
                     f"AND {_inside_stay(rule.time, 't', 'icustays')}")
-        if cols.has("hadm_id"):  # only where a missing link is rare (MIMIC leaves outpatient labs unlinked)
-            return (f"SELECT t.* REPLACE (coalesce(t.hadm_id, p.hadm_id) AS hadm_id) FROM {table}__r t "
-                    f"LEFT JOIN admissions p ON t.hadm_id IS NULL AND p.subject_id = t.subject_id "
-                    f"AND {_inside_stay(rule.time, 't', 'admissions')} "
-                    f"AND (SELECT avg((hadm_id IS NULL)::INT) FROM {table}) < {RARE}")
+        if cols.has("hadm_id"):  # a link to no admission of the patient; a NULL one only where that is
+            # rare (MIMIC leaves outpatient labs unlinked)
+            return (f"SELECT t.* REPLACE (coalesce(own.hadm_id, p.hadm_id) AS hadm_id) FROM {table}__r t "
+                    f"LEFT JOIN admissions own ON own.hadm_id = t.hadm_id AND own.subject_id = t.subject_id "
+                    f"LEFT JOIN admissions p ON own.hadm_id IS NULL AND p.subject_id = t.subject_id "
+                    f"AND {_inside_stay(rule.time, 't', 'admissions')} AND (t.hadm_id IS NOT NULL "
+                    f"OR (SELECT avg((hadm_id IS NULL)::INT) FROM {table}) < {RARE})")
         return None
 
     def timed(self, table: str, rule) -> str | None:
