@@ -20,12 +20,12 @@ from pipeline.questions.templates import load_templates, render
 from pipeline.sources import make_source
 from pipeline.staging import stage
 
-TEMPLATES = ("lab_last_value_first_admission", "lab_max_value_last_admission")
+TEMPLATES = ("lab_last_value_first_admission", "lab_max_value_last_admission", "dx_first_listed_first_admission")
 
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory) -> Path:
-    """Every verified pair of two lab templates over 40 synthetic patients (about 10 s)."""
+    """Every verified pair of two lab templates and a diagnosis one over 40 synthetic patients (~15 s)."""
     folder = tmp_path_factory.mktemp("checking")
     stage(make_source("synthetic", None, patients=40, seed=0), folder / "staged")
     templates = [t for t in load_templates() if t.id in TEMPLATES]
@@ -104,7 +104,7 @@ def test_answers_clean_questions_correctly(env, pairs):
 
 @pytest.mark.parametrize("operator, tool", [("drop_evidence", "abstain"), ("value_text_conflict", "flag"),
                                             ("duplicate_conflict", "flag"), ("implausible_value", "flag"),
-                                            ("nonexistent_entity", "abstain")])
+                                            ("nonexistent_entity", "abstain"), ("invalid_code", "flag")])
 def test_catches_the_noise(env, pairs, operator, tool):
     for p in of(pairs, operator):
         call, verdict = play(env, p["pair_id"], "noise")

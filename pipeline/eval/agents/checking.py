@@ -55,7 +55,7 @@ VERDICTS: dict[str, tuple[str | None, str, str | None]] = {
     "unit_mismatch": ("unit_mismatch", "flag", "convert"),
     "implausible_value": ("implausible_value", "flag", "implausible"),
     "value_text_conflict": ("value_text_conflict", "flag", "from_text"),
-    "invalid_code": ("invalid_code", "flag", None),
+    "invalid_code": ("invalid_code", "flag", "reversion"),
     "orphan_link": ("broken_link", "flag", "relink"),
     "time_outside_stay": ("time_outside_stay", "flag", "set_aside"),
 }
@@ -544,6 +544,8 @@ class Episode:
                 return None
             fixed = f"SELECT * FROM ({relinked}) AS r WHERE {RID} IN {scope_bad} UNION ALL " \
                     f"SELECT * FROM {t}__r WHERE {RID} NOT IN {scope_bad}"
+        elif repair == "reversion":
+            fixed = self.reversioned(t, rule)
         elif repair == "from_text":  # MIMIC derives valuenum from the charted text: the text holds
             fixed = (f"SELECT * REPLACE (CASE WHEN {RID} IN {bad} THEN TRY_CAST({rule.text} AS DOUBLE) "
                      f"ELSE {rule.value} END AS {rule.value}) FROM {t}__r")
@@ -557,6 +559,19 @@ class Episode:
         query = _with(ctes, _swap_tables(_parse(gold), {t: f"{t}__fixed"}).sql(dialect="duckdb"))
         value = self.answer_of(query, reading.template.answer_type)
         return None if value == [] else value
+
+    def reversioned(self, table: str, rule) -> str | None:
+        """Codes the dictionary lacks under their ICD version read under the other one, where the code
+        exists under exactly that one; None (no answer) when any unknown code has no such reading."""
+        if not rule.codes or rule.codes not in self.present:
+            return None
+        fixed = (f"SELECT t.* REPLACE (CASE WHEN d.icd_code IS NULL THEN o.icd_version ELSE t.icd_version END "
+                 f"AS icd_version), d.icd_code IS NULL AND o.icd_code IS NULL AS unknown_ FROM {table}__r t "
+                 f"LEFT JOIN {rule.codes} d ON d.icd_code = t.icd_code AND d.icd_version = t.icd_version "
+                 f"LEFT JOIN {rule.codes} o ON o.icd_code = t.icd_code AND o.icd_version = 19 - t.icd_version")
+        if self.count(f"SELECT count(*) FROM ({fixed}) WHERE unknown_"):
+            return None
+        return f"SELECT * EXCLUDE (unknown_) FROM ({fixed})"
 
     def converted(self, ctes: list[str], table: str, rule) -> str | None:
         """Rows in an unusual unit converted back to the item's usual unit, by a known conversion."""
