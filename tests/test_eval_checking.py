@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.eval.agent import make_agent
-from pipeline.eval.agents.checking import INT_SAMPLERS, read_question
+from pipeline.eval.agents.checking import INT_SAMPLERS, _parse, _swap_tables, read_question
 from pipeline.gym.env import Env
 from pipeline.noise.export import overlays_table, pairs_table
 from pipeline.noise.pairs import candidate_records
@@ -83,6 +83,16 @@ def _example_slots(template) -> dict:
     return values
 
 
+def test_swapping_a_table_keeps_a_parenthesised_join():
+    """Diagnosis templates join the dictionary inside parentheses: a probe reading the table from its
+    repaired copy must keep that join (it was dropped, widening the evidence to every diagnosis)."""
+    gold = ("SELECT count(x.hadm_id) > 0 FROM admissions a LEFT JOIN (diagnoses_icd x JOIN d_icd_diagnoses d "
+            "ON d.icd_code = x.icd_code AND d.long_title = 'Sepsis') ON x.hadm_id = a.hadm_id")
+    swapped = _swap_tables(_parse(gold), {"diagnoses_icd": "diagnoses_icd__fixed"}).sql(dialect="duckdb")
+    assert "(diagnoses_icd__fixed AS x JOIN d_icd_diagnoses AS d ON" in swapped, swapped
+    assert "long_title = 'Sepsis'" in swapped
+
+
 @pytest.mark.parametrize("grammar", ["|article", "|plural", "|with_word"])
 def test_reads_back_questions_rendered_through_the_grammar_filters(grammar):
     read = 0
@@ -104,11 +114,14 @@ def test_answers_clean_questions_correctly(env, pairs):
 
 @pytest.mark.parametrize("operator, tool", [("drop_evidence", "abstain"), ("value_text_conflict", "flag"),
                                             ("duplicate_conflict", "flag"), ("implausible_value", "flag"),
-                                            ("nonexistent_entity", "abstain"), ("invalid_code", "flag")])
+                                            ("nonexistent_entity", "abstain"), ("invalid_code", "flag"),
+                                            ("orphan_link", None)])
 def test_catches_the_noise(env, pairs, operator, tool):
+    """``tool=None``: the pair's own behaviour (a dangling link is re-linked and flagged where one stay
+    fits the row, abstained from where none or several do)."""
     for p in of(pairs, operator):
         call, verdict = play(env, p["pair_id"], "noise")
-        assert call["name"] == tool, (p["noisy_question"], p["change_log"], verdict)
+        assert call["name"] == (tool or p["expected_behavior"]), (p["noisy_question"], p["change_log"], verdict)
         assert verdict["correct"], (p["noisy_question"], p["change_log"], verdict)
 
 

@@ -36,6 +36,7 @@ from sqlglot import exp
 from pipeline.eval.agent import Usage, register_agent
 from pipeline.gym.env import Env
 from pipeline.gym.models import Start
+from pipeline.noise.operators.common import icd_reversioned, relinked, stay_fits, stay_link
 from pipeline.noise.operators.value import BY_UNIT, UNIT_CONVERSIONS
 from pipeline.plausibility import BOUNDS_FILE, PARENT_TIME, RULES
 from pipeline.questions.evidence import row_checks  # the filter's checks, one rule for both
@@ -60,7 +61,8 @@ VERDICTS: dict[str, tuple[str | None, str, str | None]] = {
     "time_outside_stay": ("time_outside_stay", "flag", "set_aside"),
 }
 # Probes beyond the evidence rows, checked after the filter's reasons (same meaning as theirs).
-SCOPE_REASONS = {"unlinked_in_scope": "orphan_link", "untimed_in_scope": "missing_timestamp",
+SCOPE_REASONS = {"dangling_in_scope": "orphan_link", "unlinked_in_scope": "orphan_link",
+                 "untimed_in_scope": "missing_timestamp",
                  "inverted_in_scope": "temporal_inversion", "invalid_code_in_scope": "invalid_code"}
 RARE = 0.01  # a share of NULL links below which a NULL link is a broken one
 ORDER = [*VERDICTS, *SCOPE_REASONS]
@@ -175,8 +177,10 @@ def _swap_tables(tree: exp.Expr, names: dict[str, str]) -> exp.Expr:
     def swap(node):
         if (isinstance(node, exp.Table) and isinstance(node.this, exp.Identifier)
                 and node.name.lower() in names and node.name.lower() not in own):
-            return exp.Table(this=exp.to_identifier(names[node.name.lower()]),
-                             alias=exp.TableAlias(this=exp.to_identifier(node.alias or node.name)))
+            alias = node.alias or node.name  # a parenthesised join keeps its joins (the node's other args)
+            node.set("this", exp.to_identifier(names[node.name.lower()]))
+            node.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
+            return node
         if isinstance(node, exp.Identifier) and node.name == ROW_ID:
             return exp.to_identifier(RID)
         return node
@@ -437,7 +441,10 @@ class Episode:
         elif rule.items in self.present and TABLES[table].has("itemid"):
             out.append(f"SELECT {RID}, 'invalid_code_in_scope' FROM {table}__r t ANTI JOIN {rule.items} d "
                        "ON d.itemid = t.itemid")
-        for reason, repaired in (("unlinked_in_scope", self.relinked(table, rule)),
+        dangling = self.dangling(table)
+        if dangling is not None:
+            out.append(f"SELECT {RID}, 'dangling_in_scope' FROM ({dangling})")
+        for reason, repaired in (("unlinked_in_scope", self.null_relinked(table, rule)),
                                  ("untimed_in_scope", self.timed(table, rule)),
                                  ("inverted_in_scope", self.uninverted(table, rule))):
             if repaired is None:
@@ -450,24 +457,47 @@ class Episode:
                        f"EXCEPT SELECT {RID} FROM ev WHERE table_name = '{table}')")
         return out
 
-    def relinked(self, table: str, rule) -> str | None:
-        """The numbered table with a missing or wrong hadm_id/stay_id replaced by the stay its time lies in."""
+    def dangling(self, table: str) -> str | None:
+        """The numbered table's rows whose stay link names no stay of their patient."""
+        linked = stay_link(table)
+        if linked is None or linked[1] not in self.present:
+            return None
+        link, parent = linked
+        return (f"SELECT * FROM {table}__r t WHERE t.{link} IS NOT NULL AND NOT EXISTS "
+                f"(SELECT 1 FROM {parent} p WHERE p.{link} = t.{link} AND p.subject_id = t.subject_id)")
+
+    def null_relinked(self, table: str, rule) -> str | None:
+        """The numbered table with a missing hadm_id/stay_id replaced by the stay its time lies in (a
+        NULL hadm_id only where that is rare: MIMIC leaves outpatient labs unlinked)."""
         cols = TABLES[table]
         if not rule.time or "admissions" not in self.present or table in ("admissions", "icustays", "patients"):
             return None
         if cols.has("stay_id") and "icustays" in self.present and PARENT_TIME.get((table, rule.time)) == "icustays":
-            return (f"SELECT t.* REPLACE (coalesce(own.stay_id, p.stay_id) AS stay_id) FROM {table}__r t "
-                    f"LEFT JOIN icustays own ON own.stay_id = t.stay_id AND own.subject_id = t.subject_id "
-                    f"LEFT JOIN icustays p ON own.stay_id IS NULL AND p.subject_id = t.subject_id "
+            return (f"SELECT t.* REPLACE (coalesce(t.stay_id, p.stay_id) AS stay_id) FROM {table}__r t "
+                    f"LEFT JOIN icustays p ON t.stay_id IS NULL AND p.subject_id = t.subject_id "
                     f"AND {_inside_stay(rule.time, 't', 'icustays')}")
-        if cols.has("hadm_id"):  # a link to no admission of the patient; a NULL one only where that is
-            # rare (MIMIC leaves outpatient labs unlinked)
-            return (f"SELECT t.* REPLACE (coalesce(own.hadm_id, p.hadm_id) AS hadm_id) FROM {table}__r t "
-                    f"LEFT JOIN admissions own ON own.hadm_id = t.hadm_id AND own.subject_id = t.subject_id "
-                    f"LEFT JOIN admissions p ON own.hadm_id IS NULL AND p.subject_id = t.subject_id "
-                    f"AND {_inside_stay(rule.time, 't', 'admissions')} AND (t.hadm_id IS NOT NULL "
-                    f"OR (SELECT avg((hadm_id IS NULL)::INT) FROM {table}) < {RARE})")
+        if cols.has("hadm_id"):
+            return (f"SELECT t.* REPLACE (coalesce(t.hadm_id, p.hadm_id) AS hadm_id) FROM {table}__r t "
+                    f"LEFT JOIN admissions p ON t.hadm_id IS NULL AND p.subject_id = t.subject_id "
+                    f"AND {_inside_stay(rule.time, 't', 'admissions')} "
+                    f"AND (SELECT avg((hadm_id IS NULL)::INT) FROM {table}) < {RARE}")
         return None
+
+    def relink(self, ctes: list[str], table: str, rule, scope_bad: str) -> str | None:
+        """The numbered table re-linked: a link to no stay of the patient goes to the one stay that fits
+        the row (the agent abstains when none or several do); else NULL links inside a stay are filled."""
+        dangling = self.dangling(table)
+        if dangling is not None and self.count(_with(ctes, f"SELECT count(*) FROM ({dangling})")):
+            if self.count(_with(ctes, f"SELECT count(*) FROM ({dangling}) t WHERE (SELECT count(*) FROM "
+                                      f"{stay_link(table)[1]} p WHERE {stay_fits(table, rule.time)}) <> 1")):
+                self.finish("abstain", "orphan_link", "a row links to no stay of its patient, and no single "
+                            "stay of the patient fits it")
+            return relinked(table, rule.time, source=f"{table}__r")
+        nulls = self.null_relinked(table, rule)
+        if nulls is None:
+            return None
+        return (f"SELECT * FROM ({nulls}) AS r WHERE {RID} IN {scope_bad} UNION ALL "
+                f"SELECT * FROM {table}__r WHERE {RID} NOT IN {scope_bad}")
 
     def timed(self, table: str, rule) -> str | None:
         """The numbered table with a missing event time taken from the row's other times (or else
@@ -531,7 +561,8 @@ class Episode:
             return None
         rule = RULES[t]
         bad = f"(SELECT cand FROM bad WHERE reason = '{reason}')"
-        scope_bad = f"(SELECT cand FROM bad WHERE reason IN ('{reason}', 'unlinked_in_scope'))"
+        scoped = ", ".join(f"'{r}'" for r in [reason, *(k for k, v in SCOPE_REASONS.items() if v == reason)])
+        scope_bad = f"(SELECT cand FROM bad WHERE reason IN ({scoped}))"
         fixed: str | None
         if repair == "dedupe":
             key = ", ".join([*rule.key, *([rule.value] if rule.value else [])])
@@ -539,13 +570,9 @@ class Episode:
         elif repair == "set_aside":
             fixed = f"SELECT * FROM {t}__r WHERE {RID} NOT IN {bad}"
         elif repair == "relink":
-            relinked = self.relinked(t, rule)
-            if relinked is None:
-                return None
-            fixed = f"SELECT * FROM ({relinked}) AS r WHERE {RID} IN {scope_bad} UNION ALL " \
-                    f"SELECT * FROM {t}__r WHERE {RID} NOT IN {scope_bad}"
+            fixed = self.relink(ctes, t, rule, scope_bad)
         elif repair == "reversion":
-            fixed = self.reversioned(t, rule)
+            fixed = self.reversioned(ctes, t, rule, scope_bad)
         elif repair == "from_text":  # MIMIC derives valuenum from the charted text: the text holds
             fixed = (f"SELECT * REPLACE (CASE WHEN {RID} IN {bad} THEN TRY_CAST({rule.text} AS DOUBLE) "
                      f"ELSE {rule.value} END AS {rule.value}) FROM {t}__r")
@@ -560,18 +587,17 @@ class Episode:
         value = self.answer_of(query, reading.template.answer_type)
         return None if value == [] else value
 
-    def reversioned(self, table: str, rule) -> str | None:
-        """Codes the dictionary lacks under their ICD version read under the other one, where the code
-        exists under exactly that one; None (no answer) when any unknown code has no such reading."""
+    def reversioned(self, ctes: list[str], table: str, rule, scope_bad: str) -> str | None:
+        """Codes the dictionary lacks under their ICD version read under the only version that has
+        them; None (no answer) when a code of the rows at fault stays unknown."""
         if not rule.codes or rule.codes not in self.present:
             return None
-        fixed = (f"SELECT t.* REPLACE (CASE WHEN d.icd_code IS NULL THEN o.icd_version ELSE t.icd_version END "
-                 f"AS icd_version), d.icd_code IS NULL AND o.icd_code IS NULL AS unknown_ FROM {table}__r t "
-                 f"LEFT JOIN {rule.codes} d ON d.icd_code = t.icd_code AND d.icd_version = t.icd_version "
-                 f"LEFT JOIN {rule.codes} o ON o.icd_code = t.icd_code AND o.icd_version = 19 - t.icd_version")
-        if self.count(f"SELECT count(*) FROM ({fixed}) WHERE unknown_"):
+        fixed = icd_reversioned(f"{table}__r", rule.codes)
+        if self.count(_with(ctes, f"SELECT count(*) FROM ({fixed}) t WHERE {RID} IN {scope_bad} AND NOT EXISTS "
+                                  f"(SELECT 1 FROM {rule.codes} d WHERE d.icd_code = t.icd_code "
+                                  "AND d.icd_version = t.icd_version)")):
             return None
-        return f"SELECT * EXCLUDE (unknown_) FROM ({fixed})"
+        return fixed
 
     def converted(self, ctes: list[str], table: str, rule) -> str | None:
         """Rows in an unusual unit converted back to the item's usual unit, by a known conversion."""

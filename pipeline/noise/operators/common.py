@@ -56,6 +56,57 @@ def recovered(db: Database, q: CleanQuestion, overlay: Overlay, recovery_sql: st
     return gold_answer(db, q, overlay, sql=recovery_sql)
 
 
+def icd_reversioned(table: str, codes: str) -> str:
+    """``table`` with every ICD code its dictionary ``codes`` knows under exactly one version read
+    under that version: an intact code filed under the wrong version is given back. The
+    ``invalid_code`` operator's recovery and the checking agent's repair, one rule for both."""
+    return (f"SELECT x.* REPLACE (coalesce(d.icd_version, x.icd_version) AS icd_version) FROM {table} x "
+            f"LEFT JOIN (SELECT icd_code, any_value(icd_version) AS icd_version FROM {codes} "
+            f"GROUP BY icd_code HAVING count(*) = 1) d ON d.icd_code = x.icd_code")
+
+
+# The stay a link names: (link column, start, end) of a stay ``p``; an admission includes its ED time.
+STAYS = {
+    "admissions": ("hadm_id", "least(p.admittime, coalesce(p.edregtime, p.admittime))", "p.dischtime"),
+    "icustays": ("stay_id", "p.intime", "p.outtime"),
+}
+
+
+def inside(table: str, time: str, start: str, end: str) -> str:
+    """``t.time`` within [start, end], by calendar day when the time is a date."""
+    if TABLES[table].column(time).type == "DATE":
+        return f"t.{time} BETWEEN CAST({start} AS DATE) AND CAST({end} AS DATE)"
+    return f"t.{time} BETWEEN {start} AND {end}"
+
+
+def stay_link(table: str) -> tuple[str, str] | None:
+    """(link column, stay table) of ``table``'s rows: the ICU stay where the row has one, else the
+    admission; None for tables that link to no stay."""
+    parent = "admissions" if table == "icustays" or not has_column(table, "stay_id") else "icustays"
+    link = STAYS[parent][0]
+    if table in ("admissions", "patients") or table not in RULES or not has_column(table, link):
+        return None
+    return link, parent
+
+
+def stay_fits(table: str, time: str | None) -> str:
+    """Stay ``p`` could hold row ``t``: the patient's, and containing the row's time when it has one."""
+    _, parent = stay_link(table) or ("", "admissions")
+    _, start, end = STAYS[parent]
+    return f"p.subject_id = t.subject_id{f' AND {inside(table, time, start, end)}' if time else ''}"
+
+
+def relinked(table: str, time: str | None, source: str | None = None) -> str:
+    """``table`` (its rows read from ``source``) with each link naming no stay of the row's patient
+    replaced by the one stay that fits the row (NULL when none or several do): the ``orphan_link``
+    operator's recovery and the checking agent's repair, one rule for both."""
+    link, parent = stay_link(table) or ("", "")
+    return (f"SELECT t.* REPLACE (CASE WHEN t.{link} IS NULL OR EXISTS (SELECT 1 FROM {parent} p "
+            f"WHERE p.{link} = t.{link} AND p.subject_id = t.subject_id) THEN t.{link} ELSE "
+            f"(SELECT CASE WHEN count(*) = 1 THEN min(p.{link}) END FROM {parent} p WHERE {stay_fits(table, time)}) "
+            f"END AS {link}) FROM {source or table} t")
+
+
 def copy_row(db: Database, table: str, row: dict, offset: int = 0, **changes) -> Change:
     """An insert of ``row`` (minus its _rid) under a fresh _rid, with ``changes`` applied."""
     data = {k: v for k, v in row.items() if k != ROW_ID}

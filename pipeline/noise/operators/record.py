@@ -11,16 +11,21 @@ import datetime as dt
 
 from pipeline.noise.model import Detector, Proposal
 from pipeline.noise.operators.common import (
+    STAYS,
     UNANSWERABLE_WHEN_EMPTY,
     copy_row,
     evidence_rows,
     gold_answer,
     has_column,
+    inside,
     pick,
     record_proposal,
     recovered,
+    relinked,
     restricted,
     shifted,
+    stay_fits,
+    stay_link,
     text_of,
     time_column,
     update,
@@ -50,10 +55,6 @@ PROXIES: dict[tuple[str, str], str] = {
                                                   "emar", "inputevents", "procedureevents")},
 }
 # Per stay table (the parent a link points at): its link column and the window its events lie in.
-STAYS = {
-    "admissions": ("hadm_id", "least(p.admittime, coalesce(p.edregtime, p.admittime))", "p.dischtime"),
-    "icustays": ("stay_id", "p.intime", "p.outtime"),
-}
 
 
 @operator(level="record", discrepancy="missing_evidence", kahn="completeness")
@@ -160,13 +161,6 @@ def duplicate_conflict(db, q, params, rng):
                              f"{row[column]!r} -> {changes[column]!r}")], recovery_sql=sql)
 
 
-def _inside(table: str, time: str, start: str, end: str) -> str:
-    """``t.time`` within [start, end], by calendar day when the time is a date."""
-    if TABLES[table].column(time).type == "DATE":
-        return f"t.{time} BETWEEN CAST({start} AS DATE) AND CAST({end} AS DATE)"
-    return f"t.{time} BETWEEN {start} AND {end}"
-
-
 @operator(level="record", discrepancy="broken_link", kahn="conformance: relational")
 def orphan_link(db, q, params, rng):
     """Point one evidence row's stay link (stay_id, else hadm_id) at a stay that does not exist.
@@ -174,10 +168,10 @@ def orphan_link(db, q, params, rng):
     patient's only admission, for rows without a time) and answers; when no single stay fits,
     the row cannot be placed and the agent abstains."""
     table = q.evidence_table
-    parent = "admissions" if table == "icustays" or not has_column(table, "stay_id") else "icustays"
-    link, start, end = STAYS[parent]
-    if table in ("admissions", "patients") or table not in RULES or not has_column(table, link):
+    linked = stay_link(table)
+    if linked is None:
         return None
+    link, parent = linked
     time = time_column(q)
     row = pick(rng, [r for r in evidence_rows(db, q) if r.get(link) is not None
                      and (time is None or r.get(time) is not None)])
@@ -186,14 +180,9 @@ def orphan_link(db, q, params, rng):
     top = db.scalar(f"SELECT max({link}) FROM base.{parent}")
     dangling = int(top) + int(rng.integers(1, 1000))
     overlay = Overlay([update(table, row, link, dangling)])
-    fits = f"p.subject_id = t.subject_id{f' AND {_inside(table, time, start, end)}' if time else ''}"
-    relinked = (f"SELECT t.* REPLACE (CASE WHEN t.{link} IS NULL OR EXISTS (SELECT 1 FROM {parent} p "
-                f"WHERE p.{link} = t.{link} AND p.subject_id = t.subject_id) THEN t.{link} ELSE "
-                f"(SELECT CASE WHEN count(*) = 1 THEN min(p.{link}) END FROM {parent} p WHERE {fits}) "
-                f"END AS {link}) FROM {table} t")
     fitting = db.scalar(f"SELECT count(*) FROM base.{parent} p, base.{table} t WHERE t.{ROW_ID} = {row[ROW_ID]} "
-                        f"AND {fits}")
-    sql = restricted(q.gold_sql, table, relinked) if fitting == 1 else None
+                        f"AND {stay_fits(table, time)}")
+    sql = restricted(q.gold_sql, table, relinked(table, time)) if fitting == 1 else None
     expected = recovered(db, q, overlay, sql) if sql else None
     return record_proposal(q, overlay, "flag" if sql else "abstain", expected, "orphan_link",
                            [f"{table} _rid={row[ROW_ID]}: {link} {row[link]} -> {dangling} (no such stay); "
@@ -216,7 +205,7 @@ def time_displaced(db, q, params, rng):
         return None
     sql = restricted(q.gold_sql, table, (f"SELECT t.* FROM {table} t LEFT JOIN {parent} p ON p.{link} = t.{link} "
                                          f"WHERE p.{link} IS NULL OR t.{column} IS NULL "
-                                         f"OR {_inside(table, column, start, end)}"))
+                                         f"OR {inside(table, column, start, end)}"))
     minutes = int(rng.integers(*DISPLACEMENT_MINUTES))
     first = bool(rng.integers(2))
     for after in (first, not first):  # whichever way the question depends on

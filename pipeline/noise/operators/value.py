@@ -15,6 +15,7 @@ from pipeline.noise.model import AMBIGUOUS, Detector
 from pipeline.noise.operators.common import (
     evidence_rows,
     has_column,
+    icd_reversioned,
     pick,
     record_proposal,
     recovered,
@@ -270,10 +271,7 @@ def _icd_code(db, q, row: dict, codes: str):
         overlay = Overlay(changes)
         expected, sql = None, None
         if new_code == code:  # the code itself is intact: its only version gives it back
-            expected, sql = _recovery(db, q, overlay, (
-                f"SELECT x.* REPLACE (coalesce(d.icd_version, x.icd_version) AS icd_version) FROM {table} x "
-                f"LEFT JOIN (SELECT icd_code, any_value(icd_version) AS icd_version FROM {codes} "
-                f"GROUP BY icd_code HAVING count(*) = 1) d ON d.icd_code = x.icd_code"))
+            expected, sql = _recovery(db, q, overlay, icd_reversioned(table, codes))
         elif db.scalar(f"SELECT count(*) FROM base.{codes} WHERE icd_code = {_sql(new_code)}"):
             continue  # a mangled code that is valid under the other version would read as that one
         log = f"{table} _rid={row[ROW_ID]}: ICD-{version} {code} -> ICD-{new_version} {new_code}"
