@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shutil
+import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +33,7 @@ import pyarrow.parquet as pq
 
 from pipeline.files import temp_path
 from pipeline.schema import ROW_ID, TABLES, table
-from pipeline.sql import path_literal
+from pipeline.sql import path_literal, quote_string
 
 PARQUET_OPTIONS = dict(compression="zstd", compression_level=3, row_group_size=1 << 20,
                        dictionary_pagesize_limit=1 << 16)  # high-cardinality text falls back to plain early
@@ -71,6 +74,74 @@ def attach_staged(con: duckdb.DuckDBPyConnection, staged_dir: str | os.PathLike,
             con.execute(f"CREATE {kind} {schema}.{name} AS SELECT * FROM read_parquet({path_literal(path)})").fetchall()
             present.append(name)
     return present
+
+
+MEMORY_SHARE = 0.4
+"""Share of the machine's memory the DuckDB buffer pools of one build may fill together."""
+
+
+def memory_limit(processes: int = 1) -> str:
+    """Each DuckDB process's ``memory_limit``: ``EHR_ROBUSTGYM_DUCKDB_MEMORY`` (a size for all of
+    them together, e.g. ``8GB`` or ``6GiB``) or 40% of the machine's memory, split over
+    ``processes``. Beyond it DuckDB evicts cached blocks and spills to its temp directory."""
+    total = os.environ.get("EHR_ROBUSTGYM_DUCKDB_MEMORY")
+    if total:
+        budget = _bytes(total, "EHR_ROBUSTGYM_DUCKDB_MEMORY")
+    else:
+        budget = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * MEMORY_SHARE)
+    return f"{max(256, budget // max(1, processes) >> 20)}MiB"
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def _bytes(size: str, name: str) -> int:
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", size)
+    if match is None or match.group(2).lower() not in _UNITS:
+        raise ValueError(f"{name}={size!r}: not a size (e.g. 8GB, 6GiB, 512MB)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def temp_dir() -> str:
+    """Where DuckDB spills and the staged database file lives: ``EHR_ROBUSTGYM_TEMP_DIR`` or the
+    system's temporary folder."""
+    return os.environ.get("EHR_ROBUSTGYM_TEMP_DIR") or tempfile.gettempdir()
+
+
+def configure(con: duckdb.DuckDBPyConnection, processes: int = 1) -> None:
+    """Bound one connection's memory (see :func:`memory_limit`) and give it a place to spill."""
+    for setting, value in (("memory_limit", memory_limit(processes)), ("temp_directory", temp_dir()),
+                           ("enable_progress_bar", False)):
+        con.execute(f"SET {setting} = {quote_string(value) if isinstance(value, str) else value}").fetchall()
+
+
+@contextlib.contextmanager
+def staged_database(staged_dir: str | os.PathLike) -> Iterator[Path]:
+    """A DuckDB file with every staged table, for the length of the block (then deleted).
+
+    Stages that run many small queries from several processes attach it read-only: the data is
+    on disk once, and each process holds only the blocks its buffer pool caches (bounded by
+    :func:`memory_limit`) instead of its own copy of every table."""
+    tables = staged_tables(staged_dir)
+    folder = Path(tempfile.mkdtemp(prefix="ehr-robustgym-staged-", dir=temp_dir()))
+    path = folder / "staged.duckdb"
+    try:
+        with duckdb.connect(str(path)) as con:
+            configure(con)
+            attach_staged(con, staged_dir, kind="TABLE", tables=tables)
+            con.execute("CHECKPOINT").fetchall()
+        yield path
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def attach_database(con: duckdb.DuckDBPyConnection, path: str | os.PathLike, name: str) -> list[str]:
+    """Attach a :func:`staged_database` file read-only as catalog ``name``; its tables, in registry order."""
+    con.execute(f"ATTACH {path_literal(Path(path))} AS {name} (READ_ONLY)").fetchall()
+    found = {r[0] for r in con.execute(f"SELECT table_name FROM duckdb_tables() WHERE database_name = '{name}'")
+             .fetchall()}
+    return [t for t in TABLES if t in found]
 
 
 @dataclass

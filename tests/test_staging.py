@@ -185,3 +185,40 @@ def test_unknown_table_and_source_are_named(tmp_path, demo_path):
         make_source("mimic3", demo_path)
     with pytest.raises(StagingError, match="needs --path"):
         make_source("demo")
+
+
+def test_staged_database_is_shared_read_only_and_removed_after(demo_staged, tmp_path, monkeypatch):
+    """Workers attach one on-disk copy of the staged tables read-only (no copy per worker), each
+    within its share of the memory budget; the file lives only as long as the stage needs it."""
+    from pipeline.noise.overlay import Database
+    from pipeline.staging import memory_limit, staged_database
+
+    monkeypatch.setenv("EHR_ROBUSTGYM_TEMP_DIR", str(tmp_path))
+    monkeypatch.setenv("EHR_ROBUSTGYM_DUCKDB_MEMORY", "3GB")
+    with staged_database(demo_staged) as path:
+        assert path.parent.parent == tmp_path and path.stat().st_size > 0
+        shared = [Database(demo_staged, staged_file=path, processes=2) for _ in range(2)]
+        loaded = Database(demo_staged)
+        try:
+            query = ("SELECT itemid, count(*), sum(valuenum), max(charttime) FROM labevents "
+                     "WHERE subject_id IN (SELECT subject_id FROM patients WHERE gender = 'F') GROUP BY 1 ORDER BY 1")
+            assert shared[0].rows(query) == shared[1].rows(query) == loaded.rows(query)
+            assert shared[0].tables == loaded.tables
+            assert shared[0].base_rows("labevents", [5, 70000]) == loaded.base_rows("labevents", [5, 70000])
+            with shared[0].noisy(_one_deleted_lab(shared[0])):
+                assert shared[0].scalar("SELECT count(*) FROM labevents") == DEMO_ROWS["labevents"] - 1
+            limit = shared[0].scalar("SELECT current_setting('memory_limit')")
+            assert limit == "1.3 GiB", limit  # 3 GB (2,861 MiB) over 2 workers
+            with pytest.raises(duckdb.Error, match="read-only"):
+                shared[0].rows("DELETE FROM base.labevents")
+        finally:
+            for db in (*shared, loaded):
+                db.close()
+    assert not path.parent.exists()
+    assert memory_limit(4) == "715MiB"
+
+
+def _one_deleted_lab(db):
+    from pipeline.noise.overlay import Change, Overlay
+
+    return Overlay([Change("labevents", "delete", 5)])

@@ -21,7 +21,7 @@ import duckdb
 import pyarrow as pa
 
 from pipeline.schema import ROW_ID, TABLES
-from pipeline.staging import attach_staged
+from pipeline.staging import attach_database, attach_staged, configure
 
 
 @dataclass(frozen=True)
@@ -76,14 +76,23 @@ class Database:
 
     CLEAN = -1
 
-    def __init__(self, staged_dir: str | os.PathLike, tables: Iterable[str] | None = None):
+    def __init__(self, staged_dir: str | os.PathLike, tables: Iterable[str] | None = None,
+                 staged_file: str | os.PathLike | None = None, processes: int = 1):
+        """The base is loaded from ``staged_dir``'s Parquet, or, given ``staged_file`` (a
+        :func:`~pipeline.staging.staged_database`), attached read-only from it: shared on disk by
+        every process, cached within this one's memory limit (the budget split over ``processes``)."""
         self.staged_dir = Path(staged_dir)
         # Many small queries: one thread avoids scheduling overhead that dwarfs their work.
         self.con = duckdb.connect(config={"threads": 1})
-        self.con.execute("SET enable_progress_bar = false").fetchall()
-        for schema in ("base", "patch"):
-            self.con.execute(f"CREATE SCHEMA {schema}").fetchall()
-        self.tables = attach_staged(self.con, self.staged_dir, kind="TABLE", schema="base", tables=tables or None)
+        configure(self.con, processes)
+        self.con.execute("CREATE SCHEMA patch").fetchall()
+        self.shared = staged_file is not None
+        if staged_file is not None:
+            wanted = set(tables or TABLES)
+            self.tables = [t for t in attach_database(self.con, staged_file, "base") if t in wanted]
+        else:
+            self.con.execute("CREATE SCHEMA base").fetchall()
+            self.tables = attach_staged(self.con, self.staged_dir, kind="TABLE", schema="base", tables=tables or None)
         for name in self.tables:
             self.con.execute(f"CREATE VIEW main.{name} AS SELECT * FROM base.{name}").fetchall()
         self.next_rid = {t: self.scalar(f"SELECT coalesce(max({ROW_ID}), -1) + 1 FROM base.{t}") for t in self.tables}
@@ -184,8 +193,10 @@ class Database:
     def _make_overlayable(self, table: str) -> None:
         if table in self._overlaid:
             return
-        # Patching fetches base rows by _rid: an index keeps that a lookup, not a scan, at any size.
-        self.con.execute(f"CREATE INDEX {table}_by_rid ON base.{table} ({ROW_ID})").fetchall()
+        # Patching fetches base rows by _rid: an index keeps that a lookup, not a scan, at any size
+        # (a shared, read-only base is in _rid order, so its zone maps narrow that scan instead).
+        if not self.shared:
+            self.con.execute(f"CREATE INDEX {table}_by_rid ON base.{table} ({ROW_ID})").fetchall()
         self.con.execute(f"CREATE TABLE patch.{table}_removed (overlay_id BIGINT, {ROW_ID} BIGINT)").fetchall()
         self.con.execute(f"CREATE TABLE patch.{table}_rows AS SELECT *, 0::BIGINT AS overlay_id "
                          f"FROM base.{table} LIMIT 0").fetchall()

@@ -33,6 +33,7 @@ from pipeline.noise.verify import CHECKS, failed_checks, verify_candidates
 from pipeline.plausibility import register_bounds
 from pipeline.profile import Profile
 from pipeline.questions.templates import load_templates
+from pipeline.staging import staged_database
 from pipeline.workers import worker_pool
 
 SHARDS_PER_WORKER = 4
@@ -104,11 +105,12 @@ def pair_record(c: Candidate, verification: dict, seed: int) -> dict:
 
 
 def _shard(staged_dir: str, rows: list[dict], seed: int, per_question: int,
-           vetoed_families: frozenset[tuple[str, str]]) -> tuple[list[dict], Counter, Profile]:
+           vetoed_families: frozenset[tuple[str, str]], staged_file: str | None = None,
+           processes: int = 1) -> tuple[list[dict], Counter, Profile]:
     profile = Profile()
     with profile.timed("open", "staged tables"):
         templates = load_templates()
-        db = Database(staged_dir)
+        db = Database(staged_dir, staged_file=staged_file, processes=processes)
     try:
         register_bounds(db.con, db.tables)
         questions = load_questions(pa.Table.from_pylist(rows), templates)
@@ -144,9 +146,9 @@ def candidate_records(staged_dir: str | os.PathLike, questions: pa.Table, seed: 
         if progress:
             progress(1, 1, results[0][0])
     else:
-        with worker_pool(workers) as pool:
-            futures = [pool.submit(_shard, str(staged_dir), s, seed, per_question, vetoed_families)
-                       for s in shards if s]
+        with staged_database(staged_dir) as staged_file, worker_pool(workers) as pool:
+            futures = [pool.submit(_shard, str(staged_dir), s, seed, per_question, vetoed_families,
+                                   str(staged_file), workers) for s in shards if s]
             for done, future in enumerate(as_completed(futures), 1):
                 if progress:
                     progress(done, len(futures), future.result()[0])

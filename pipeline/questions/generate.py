@@ -29,7 +29,7 @@ from pipeline.questions.answers import AnswerError, normalise
 from pipeline.questions.evidence import check_evidence
 from pipeline.questions.samplers import SAMPLERS
 from pipeline.questions.templates import Template, load_templates, render
-from pipeline.staging import attach_staged, staged_tables
+from pipeline.staging import attach_database, attach_staged, configure, staged_database, staged_tables
 from pipeline.workers import worker_pool
 
 DEFAULT_PER_TEMPLATE = 40
@@ -68,12 +68,20 @@ class QuestionReport:
         return "\n".join(lines)
 
 
-def open_staged(staged_dir: str | os.PathLike) -> tuple[duckdb.DuckDBPyConnection, set[str]]:
-    """An in-memory DuckDB with every staged table loaded under its MIMIC-IV name, and the bounds:
-    generation runs thousands of small gold queries, and re-scanning Parquet dominated their time."""
+def open_staged(staged_dir: str | os.PathLike, staged_file: str | os.PathLike | None = None,
+                processes: int = 1) -> tuple[duckdb.DuckDBPyConnection, set[str]]:
+    """A DuckDB with every staged table under its MIMIC-IV name, and the bounds: generation runs
+    thousands of small gold queries, and re-scanning Parquet dominated their time. The tables are
+    loaded into memory, or with ``staged_file`` (a :func:`~pipeline.staging.staged_database`)
+    read from it, shared by every worker and cached within this process's memory limit."""
     con = duckdb.connect()
-    con.execute("SET enable_progress_bar = false")
-    present = set(attach_staged(con, staged_dir, kind="TABLE", tables=staged_tables(staged_dir)))
+    configure(con, processes)
+    if staged_file is None:
+        present = set(attach_staged(con, staged_dir, kind="TABLE", tables=staged_tables(staged_dir)))
+    else:
+        present = set(attach_database(con, staged_file, "staged"))
+        for name in present:
+            con.execute(f"CREATE VIEW {name} AS SELECT * FROM staged.{name}").fetchall()
     load_bounds(con)
     return con, present
 
@@ -232,8 +240,8 @@ def _pools_by_template(table: pa.Table) -> dict[str, tuple[list[tuple[dict, int]
 _WORKER: dict = {}  # the worker process's own connection and present tables
 
 
-def _worker_init(staged_dir: str) -> None:
-    _WORKER["con"], _WORKER["present"] = open_staged(staged_dir)
+def _worker_init(staged_dir: str, staged_file: str, processes: int) -> None:
+    _WORKER["con"], _WORKER["present"] = open_staged(staged_dir, staged_file, processes)
     _WORKER["con"].execute("SET threads = 1")
 
 
@@ -253,8 +261,8 @@ def _results(staged_dir, seed: int, templates: list[Template], per_template: int
         finally:
             con.close()
         return
-    staged_tables(staged_dir)  # fail here, with the folder named, not as a broken worker pool
-    with worker_pool(workers, _worker_init, (str(staged_dir),)) as pool:
+    with staged_database(staged_dir) as staged_file, \
+            worker_pool(workers, _worker_init, (str(staged_dir), str(staged_file), workers)) as pool:
         # compiled Jinja templates do not pickle; workers compile their own
         plain = [dataclasses.replace(t, _compiled={}) for t in templates]
         yield from pool.map(_worker_run, plain, repeat(seed), repeat(per_template), [pools.get(t.id) for t in plain])
