@@ -80,8 +80,6 @@ def open_staged(staged_dir: str | os.PathLike, staged_file: str | os.PathLike | 
         present = set(attach_staged(con, staged_dir, kind="TABLE", tables=staged_tables(staged_dir)))
     else:
         present = set(attach_database(con, staged_file, "staged"))
-        for name in present:
-            con.execute(f"CREATE VIEW {name} AS SELECT * FROM staged.{name}").fetchall()
     load_bounds(con)
     return con, present
 
