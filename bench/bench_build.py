@@ -1,0 +1,183 @@
+"""The whole build (``ehr-robustgym build``) on synthetic data at several sizes: time and memory.
+
+Each size runs ``pipeline.build.build`` in a fresh child process (so one size's memory does not
+carry into the next), which writes its stage timings, rows staged and pairs shipped to a JSON file.
+Meanwhile a thread samples the resident set (``/proc/<pid>/statm``) of the child and all its
+descendants (the verification worker processes) every 0.2 s: the peak of their sum is the memory
+the build needs; the largest single process is the kernel's own high-water mark (``wait4``),
+exact. Prints one line per size as it finishes, then a table with each size's total wall time
+and peak summed RSS as a ratio to the first (smallest) size's. Outputs go to a temporary folder
+(or --out) and are deleted after each size unless --keep. Linux only (reads /proc).
+
+    python bench/bench_build.py [--sizes 1000,10000,100000] [--workers N] [--seed 0] [--out DIR] [--keep]
+
+The default sizes take long on a small machine (1,000 patients alone is about 5 minutes on 2 cores):
+try small sizes first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+STAGES = ("stage", "questions", "noise", "export")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+MB = 1024 * 1024
+
+
+def run_child(patients: int, seed: int, workers: int | None, out: Path, summary: Path) -> None:
+    """In the child process: build, then write what the parent reports."""
+    from pipeline.build import build
+
+    log = (lambda line: print(f"  [{patients:,} patients] {line}", flush=True)) if sys.stdout.isatty() else None
+    report = build("synthetic", out, seed, patients=patients, workers=workers, log=log)
+    summary.write_text(json.dumps({"rows": report.stage.total_rows, "timings": report.timings,
+                                   "pairs": report.manifest["counts"]["pairs"]}))
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and every live descendant, from the ppid links in /proc/*/stat."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                stat = Path(entry.path, "stat").read_text()
+            except OSError:  # gone meanwhile
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])  # after "pid (comm)": state, ppid
+            children.setdefault(ppid, []).append(int(entry.name))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(children.get(pid, ()))
+    return tree
+
+
+def rss(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+    except OSError:
+        return 0
+
+
+class TreeSampler(threading.Thread):
+    """Peak over time of the summed RSS of a process tree, and of its largest process."""
+
+    def __init__(self, root: int, every: float = 0.2):
+        super().__init__(daemon=True)
+        self.root, self.every, self.done = root, every, threading.Event()
+        self.peak_sum = self.peak_one = self.peak_processes = 0
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            sizes = [rss(pid) for pid in process_tree(self.root)]
+            self.peak_sum = max(self.peak_sum, sum(sizes))
+            self.peak_one = max(self.peak_one, max(sizes, default=0))
+            self.peak_processes = max(self.peak_processes, sum(s > 0 for s in sizes))
+            self.done.wait(self.every)
+
+
+def measure(patients: int, args: argparse.Namespace, folder: Path) -> dict | None:
+    """One size in a fresh child process; None when the build failed."""
+    out, summary = folder / f"patients={patients}", folder / f"patients={patients}.json"
+    command = [sys.executable, str(Path(__file__).resolve()), "--child", str(patients), "--seed", str(args.seed),
+               "--out", str(out), "--summary", str(summary)]
+    if args.workers:
+        command += ["--workers", str(args.workers)]
+    start = time.perf_counter()
+    child = subprocess.Popen(command)
+    sampler = TreeSampler(child.pid)
+    sampler.start()
+    try:
+        _, status, usage = os.wait4(child.pid, 0)  # rusage of the child and its reaped descendants
+        child.returncode = os.waitstatus_to_exitcode(status)
+    finally:
+        if child.returncode is None:
+            child.kill()
+            child.wait()
+        sampler.done.set()
+        sampler.join()
+    wall = time.perf_counter() - start
+    try:
+        if child.returncode != 0:
+            print(f"{patients:>9,} patients: build failed (exit code {child.returncode})", flush=True)
+            return None
+        result = json.loads(summary.read_text())
+    finally:
+        if not args.keep:
+            shutil.rmtree(out, ignore_errors=True)
+            summary.unlink(missing_ok=True)
+    result.update(patients=patients, wall=wall, total=sum(result["timings"].values()), peak_sum=sampler.peak_sum,
+                  peak_one=max(usage.ru_maxrss * 1024, sampler.peak_one), processes=sampler.peak_processes)
+    print(f"{patients:>9,} patients: {result['rows']:,} rows staged, {result['pairs']:,} pairs, build "
+          f"{result['total']:.1f} s ({', '.join(f'{k} {v:.1f} s' for k, v in result['timings'].items())}), "
+          f"peak RSS {result['peak_sum'] / MB:,.0f} MB over {result['processes']} processes "
+          f"(largest {result['peak_one'] / MB:,.0f} MB)", flush=True)
+    return result
+
+
+def table(results: list[dict]) -> str:
+    head = ["patients", "rows staged", *(f"{s} s" for s in STAGES), "total s", "time x",
+            "peak RSS MB", "RSS x", "largest MB", "pairs"]
+    base = results[0]
+    rows = [[f"{r['patients']:,}", f"{r['rows']:,}", *(f"{r['timings'].get(s, 0):.1f}" for s in STAGES),
+             f"{r['total']:.1f}", f"{r['total'] / base['total']:.2f}", f"{r['peak_sum'] / MB:,.0f}",
+             f"{r['peak_sum'] / base['peak_sum']:.2f}", f"{r['peak_one'] / MB:,.0f}", f"{r['pairs']:,}"]
+            for r in results]
+    widths = [max(len(row[i]) for row in [head, *rows]) for i in range(len(head))]
+    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in [head, *rows])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1000,10000,100000", help="comma-separated patient counts")
+    parser.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=None, help="folder for the builds (default: a temporary one)")
+    parser.add_argument("--keep", action="store_true", help="keep each size's benchmark folder")
+    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--summary", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child is not None:
+        run_child(args.child, args.seed, args.workers, args.out, args.summary)
+        return 0
+
+    import duckdb
+    import pyarrow
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so a killed bench still ends its build and cleans up
+
+    sizes = [int(s) for s in args.sizes.split(",")]
+    folder = args.out or Path(tempfile.mkdtemp(prefix="bench_build_"))
+    folder.mkdir(parents=True, exist_ok=True)
+    print(f"duckdb {duckdb.__version__}, pyarrow {pyarrow.__version__}, Python {sys.version.split()[0]}; "
+          f"{os.cpu_count()} CPUs ({len(os.sched_getaffinity(0))} usable); workers {args.workers or 'default'}, "
+          f"seed {args.seed}", flush=True)
+    try:
+        results = [r for n in sizes if (r := measure(n, args, folder)) is not None]
+    finally:
+        if args.keep:
+            print(f"kept {folder}")
+        elif args.out is None:
+            shutil.rmtree(folder, ignore_errors=True)
+    if results:
+        print()
+        print(table(results))
+    return 0 if len(results) == len(sizes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
