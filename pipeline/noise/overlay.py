@@ -93,8 +93,8 @@ class Database:
         else:
             self.con.execute("CREATE SCHEMA base").fetchall()
             self.tables = attach_staged(self.con, self.staged_dir, kind="TABLE", schema="base", tables=tables or None)
-        for name in self.tables:
-            self.con.execute(f"CREATE VIEW main.{name} AS SELECT * FROM base.{name}").fetchall()
+            for name in self.tables:  # (a shared base is reached through the search path instead)
+                self.con.execute(f"CREATE VIEW main.{name} AS SELECT * FROM base.{name}").fetchall()
         self.next_rid = {t: self.scalar(f"SELECT coalesce(max({ROW_ID}), -1) + 1 FROM base.{t}") for t in self.tables}
         self._overlaid: set[str] = set()
         self._names: set[str] = set()
