@@ -486,10 +486,10 @@ class Episode:
     def relink(self, ctes: list[str], table: str, rule, scope_bad: str) -> str | None:
         """The numbered table re-linked: a link to no stay of the patient goes to the one stay that fits
         the row (the agent abstains when none or several do); else NULL links inside a stay are filled."""
-        dangling = self.dangling(table)
-        if dangling is not None and self.count(_with(ctes, f"SELECT count(*) FROM ({dangling})")):
+        linked, dangling = stay_link(table), self.dangling(table)
+        if linked and dangling and self.count(_with(ctes, f"SELECT count(*) FROM ({dangling})")):
             if self.count(_with(ctes, f"SELECT count(*) FROM ({dangling}) t WHERE (SELECT count(*) FROM "
-                                      f"{stay_link(table)[1]} p WHERE {stay_fits(table, rule.time)}) <> 1")):
+                                      f"{linked[1]} p WHERE {stay_fits(table, rule.time)}) <> 1")):
                 self.finish("abstain", "orphan_link", "a row links to no stay of its patient, and no single "
                             "stay of the patient fits it")
             return relinked(table, rule.time, source=f"{table}__r")
