@@ -124,7 +124,8 @@ def staged_database(staged_dir: str | os.PathLike) -> Iterator[Path]:
     on disk once, and each process holds only the blocks its buffer pool caches (bounded by
     :func:`memory_limit`) instead of its own copy of every table."""
     tables = staged_tables(staged_dir)
-    folder = Path(tempfile.mkdtemp(prefix="ehr-robustgym-staged-", dir=temp_dir()))
+    _remove_orphaned_databases()
+    folder = Path(tempfile.mkdtemp(prefix=f"{_STAGED_PREFIX}{os.getpid()}-", dir=temp_dir()))
     path = folder / "staged.duckdb"
     try:
         with duckdb.connect(str(path)) as con:
@@ -137,6 +138,18 @@ def staged_database(staged_dir: str | os.PathLike) -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+_STAGED_PREFIX = "ehr-robustgym-staged-"
+
+
+def _remove_orphaned_databases() -> None:
+    """Delete staged database folders of processes that no longer run (a build killed by SIGKILL
+    cannot delete its own)."""
+    for folder in Path(temp_dir()).glob(f"{_STAGED_PREFIX}*-*"):
+        pid = folder.name[len(_STAGED_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def attach_database(con: duckdb.DuckDBPyConnection, path: str | os.PathLike, name: str) -> list[str]:

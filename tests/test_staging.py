@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 import shutil
 from pathlib import Path
 
@@ -222,3 +223,21 @@ def _one_deleted_lab(db):
     from pipeline.noise.overlay import Change, Overlay
 
     return Overlay([Change("labevents", "delete", 5)])
+
+
+def test_staged_database_of_a_killed_build_is_removed_by_the_next(demo_staged, tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from pipeline.staging import staged_database
+
+    monkeypatch.setenv("EHR_ROBUSTGYM_TEMP_DIR", str(tmp_path))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    orphan = tmp_path / f"ehr-robustgym-staged-{dead.stdout.strip()}-x1y2"  # its process is gone
+    orphan.mkdir()
+    (orphan / "staged.duckdb").write_bytes(b"left by a killed build")
+    alive = tmp_path / f"ehr-robustgym-staged-{os.getpid()}-a1b2"  # another stage of a live build
+    alive.mkdir()
+    with staged_database(demo_staged) as path:
+        assert path.is_file()
+    assert not orphan.exists() and alive.exists()
