@@ -20,7 +20,7 @@ from pipeline.files import temp_path
 from pipeline.layout import RunLayout
 from pipeline.noise.overlay import Database, changes_from_records
 from pipeline.schema import ROW_ID, TABLES
-from pipeline.sql import path_literal
+from pipeline.sql import parquet_scan, path_literal
 from pipeline.staging import staged_path
 
 SIDES = ("clean", "noise")
@@ -75,7 +75,7 @@ def export_pair(benchmark: str | os.PathLike, pair_id: str, side: str, out: str 
         with db.noisy(overlay) if db else contextlib.nullcontext():
             for table in present:
                 rows = (f"main.{table}" if table in overlay.tables
-                        else f"read_parquet({path_literal(staged_path(staged, table))})")
+                        else parquet_scan(staged_path(staged, table)))
                 con.execute(f"CREATE TABLE export.{table} AS SELECT * EXCLUDE ({ROW_ID}) FROM {rows} "
                             f"ORDER BY {ROW_ID}").fetchall()
                 written[table] = con.execute(f"SELECT count(*) FROM export.{table}").fetchone()[0]

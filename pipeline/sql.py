@@ -19,3 +19,9 @@ def quote_string(text: str) -> str:
 def path_literal(path: str | os.PathLike) -> str:
     """A file path as a SQL string literal, with forward slashes on every platform."""
     return quote_string(Path(path).as_posix())
+
+
+def parquet_scan(path: str | os.PathLike) -> str:
+    """``read_parquet`` of one file, its columns exactly the file's: DuckDB would otherwise read a
+    ``key=value`` folder in the path (``seed=0/``) as a hive partition and add a ``key`` column."""
+    return f"read_parquet({path_literal(path)}, hive_partitioning = false)"

@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from pipeline.files import temp_path
 from pipeline.schema import ROW_ID, TABLES, table
-from pipeline.sql import path_literal, quote_string
+from pipeline.sql import parquet_scan, path_literal, quote_string
 
 PARQUET_OPTIONS = dict(compression="zstd", compression_level=3, row_group_size=1 << 20,
                        dictionary_pagesize_limit=1 << 16)  # high-cardinality text falls back to plain early
@@ -71,7 +71,7 @@ def attach_staged(con: duckdb.DuckDBPyConnection, staged_dir: str | os.PathLike,
     for name in tables if tables is not None else TABLES:
         path = staged_path(staged_dir, name)
         if path.is_file():
-            con.execute(f"CREATE {kind} {schema}.{name} AS SELECT * FROM read_parquet({path_literal(path)})").fetchall()
+            con.execute(f"CREATE {kind} {schema}.{name} AS SELECT * FROM {parquet_scan(path)}").fetchall()
             present.append(name)
     return present
 

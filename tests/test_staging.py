@@ -241,3 +241,17 @@ def test_staged_database_of_a_killed_build_is_removed_by_the_next(demo_staged, t
     with staged_database(demo_staged) as path:
         assert path.is_file()
     assert not orphan.exists() and alive.exists()
+
+
+def test_a_key_value_folder_in_the_path_adds_no_column(demo_staged, tmp_path):
+    """DuckDB reads ``seed=3/`` as a hive partition unless told not to: the benchmark's default
+    folder (``data/benchmark/<source>/seed=<S>/``) put a ``seed`` column into inserted overlay rows
+    and into the tables the gym shows the agent."""
+    from pipeline.staging import attach_staged
+
+    folder = tmp_path / "seed=3"
+    folder.mkdir()
+    shutil.copy(staged_path(demo_staged, "patients"), folder / "patients.parquet")
+    con = duckdb.connect()
+    attach_staged(con, folder, tables=["patients"])
+    assert con.sql("SELECT * FROM patients").columns == pq.read_schema(folder / "patients.parquet").names

@@ -22,7 +22,7 @@ from pipeline.noise.operators import OPERATORS
 from pipeline.noise.verify import CHECKS
 from pipeline.noise.vetoes import Vetoes
 from pipeline.schema import ROW_ID
-from pipeline.sql import path_literal
+from pipeline.sql import parquet_scan
 from pipeline.staging import staged_path
 
 SAMPLES_PER_OPERATOR = 5
@@ -124,7 +124,7 @@ def changed_rows(staged_dir: str | os.PathLike, pairs: list[dict]) -> dict[str, 
     con = duckdb.connect()
     try:
         for table, rids in sorted(wanted.items()):
-            cursor = con.execute(f"SELECT * FROM read_parquet({path_literal(staged_path(staged_dir, table))}) "
+            cursor = con.execute(f"SELECT * FROM {parquet_scan(staged_path(staged_dir, table))} "
                                  f"WHERE {ROW_ID} IN (SELECT unnest(?::BIGINT[]))", [sorted(rids)])
             names = [d[0] for d in cursor.description]
             for values in cursor.fetchall():
