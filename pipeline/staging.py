@@ -116,6 +116,9 @@ def configure(con: duckdb.DuckDBPyConnection, processes: int = 1) -> None:
         con.execute(f"SET {setting} = {quote_string(value) if isinstance(value, str) else value}").fetchall()
 
 
+_STAGED_PREFIX = "ehr-robustgym-staged-"  # then the pid of the process that made the folder
+
+
 @contextlib.contextmanager
 def staged_database(staged_dir: str | os.PathLike) -> Iterator[Path]:
     """A DuckDB file with every staged table, for the length of the block (then deleted).
@@ -138,9 +141,6 @@ def staged_database(staged_dir: str | os.PathLike) -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-
-
-_STAGED_PREFIX = "ehr-robustgym-staged-"
 
 
 def _remove_orphaned_databases() -> None:

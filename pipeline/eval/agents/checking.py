@@ -36,7 +36,7 @@ from sqlglot import exp
 from pipeline.eval.agent import Usage, register_agent
 from pipeline.gym.env import Env
 from pipeline.gym.models import Start
-from pipeline.noise.operators.common import icd_reversioned, relinked, stay_fits, stay_link
+from pipeline.noise.operators.common import icd_reversioned, relinked, stay_fits, stay_known, stay_link
 from pipeline.noise.operators.value import BY_UNIT, UNIT_CONVERSIONS
 from pipeline.plausibility import BOUNDS_FILE, PARENT_TIME, RULES
 from pipeline.questions.evidence import row_checks  # the filter's checks, one rule for both
@@ -463,8 +463,7 @@ class Episode:
         if linked is None or linked[1] not in self.present:
             return None
         link, parent = linked
-        return (f"SELECT * FROM {table}__r t WHERE t.{link} IS NOT NULL AND NOT EXISTS "
-                f"(SELECT 1 FROM {parent} p WHERE p.{link} = t.{link} AND p.subject_id = t.subject_id)")
+        return f"SELECT * FROM {table}__r t WHERE t.{link} IS NOT NULL AND NOT {stay_known(link, parent)}"
 
     def null_relinked(self, table: str, rule) -> str | None:
         """The numbered table with a missing hadm_id/stay_id replaced by the stay its time lies in (a

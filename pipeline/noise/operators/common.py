@@ -96,13 +96,17 @@ def stay_fits(table: str, time: str | None) -> str:
     return f"p.subject_id = t.subject_id{f' AND {inside(table, time, start, end)}' if time else ''}"
 
 
+def stay_known(link: str, parent: str) -> str:
+    """Row ``t``'s link names a stay ``parent`` holds for its patient."""
+    return f"EXISTS (SELECT 1 FROM {parent} p WHERE p.{link} = t.{link} AND p.subject_id = t.subject_id)"
+
+
 def relinked(table: str, time: str | None, source: str | None = None) -> str:
     """``table`` (its rows read from ``source``) with each link naming no stay of the row's patient
     replaced by the one stay that fits the row (NULL when none or several do): the ``orphan_link``
     operator's recovery and the checking agent's repair, one rule for both."""
     link, parent = stay_link(table) or ("", "")
-    return (f"SELECT t.* REPLACE (CASE WHEN t.{link} IS NULL OR EXISTS (SELECT 1 FROM {parent} p "
-            f"WHERE p.{link} = t.{link} AND p.subject_id = t.subject_id) THEN t.{link} ELSE "
+    return (f"SELECT t.* REPLACE (CASE WHEN t.{link} IS NULL OR {stay_known(link, parent)} THEN t.{link} ELSE "
             f"(SELECT CASE WHEN count(*) = 1 THEN min(p.{link}) END FROM {parent} p WHERE {stay_fits(table, time)}) "
             f"END AS {link}) FROM {source or table} t")
 
