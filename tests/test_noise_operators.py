@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 import pyarrow as pa
 import pytest
 
-from pipeline.noise.candidates import operator_rng
+from pipeline.noise.candidates import operator_rng, run_operator
 from pipeline.noise.model import (
     AMBIGUOUS,
     Candidate,
@@ -360,6 +360,31 @@ def rerun(db: Database) -> Callable:
 
 def verify_one(db: Database, cand, again: Callable | None = None) -> dict:
     return verify_candidates(db, [cand], again or rerun(db))[0]
+
+
+def test_an_overlay_shows_only_the_tables_it_touches_and_is_forgotten_in_batches(world):
+    """Selecting an overlay puts only its tables' views before the base; unloaded overlays stay
+    invisible until their patch rows are deleted, one batch at a time."""
+    db = world.db
+    base = {t: db.scalar(f"SELECT count(*) FROM {t}") for t in ("labevents", "admissions")}
+    ids = []
+    for _ in range(Database.PURGE_BATCH):
+        ids.append(db.new_id())
+        db.load({ids[-1]: Overlay([Change("labevents", "delete", 2)])})
+    db.use(ids[0])
+    assert db.search_path(ids[0]).split(",")[0] == "overlay_labevents"
+    assert db.scalar("SELECT count(*) FROM labevents") == base["labevents"] - 1
+    assert db.scalar("SELECT count(*) FROM admissions") == base["admissions"]
+    assert "overlay_admissions" not in db.search_path(ids[0])
+    for oid in ids[:-1]:
+        db.unload(oid)
+    assert db.scalar("SELECT count(*) FROM labevents") == base["labevents"]  # the active one went with it
+    assert db.scalar("SELECT count(*) FROM patch.labevents_removed") == Database.PURGE_BATCH  # not yet deleted
+    db.unload(ids[-1])
+    assert db.scalar("SELECT count(*) FROM patch.labevents_removed") == 0
+    db.use(ids[1])  # a forgotten id shows the clean base
+    assert db.scalar("SELECT count(*) FROM labevents") == base["labevents"]
+    db.use(Database.CLEAN)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -778,6 +803,47 @@ def test_rejects_nondeterministic_operator(world):
     # the same operator with a stable value passes
     rec = verify_one(db, cand, lambda c: cand)
     assert failed_checks(rec) == []
+
+
+def test_a_replayed_rerun_still_rejects_a_nondeterministic_operator(world):
+    """The determinism re-run answers the operator's queries from its first run: what it re-tests
+    is the operator's own decisions, which a draw from Python's random still changes."""
+    db, q = world.db, world.questions["lab_k"]
+
+    def flaky(db, q, params, rng):
+        row = _k_row(db)
+        new = round(100 + random.random() * 100, 4)
+        overlay = Overlay([update("labevents", row, "valuenum", new), update("labevents", row, "value", str(new))])
+        recovery = restricted(q.gold_sql, "labevents", "SELECT * FROM labevents WHERE valuenum < 50")
+        return record_proposal(q, overlay, "flag", recovered(db, q, overlay, recovery), "implausible_value",
+                               [f"4.2 -> {new}"], recovery)
+
+    op = Operator("flaky", "value", "implausible_value", "test", flaky)
+    memo: dict = {}
+    with db.memoized(memo):
+        cand = op.run(db, q, OperatorParams(), operator_rng(SEED, q.question_id, "flaky"))
+    assert memo, "the operator's queries were recorded"
+
+    def replayed(c):
+        with db.memoized(dict(memo)):
+            return op.run(db, c.question, OperatorParams(), operator_rng(SEED, q.question_id, "flaky"))
+    assert _first_failure(verify_one(db, cand, replayed)) == "deterministic"
+
+
+def test_a_rerun_replays_the_first_runs_query_results(world):
+    """run_operator keeps the query results on the candidate; a re-run given them asks DuckDB
+    nothing it asked before, and proposes the same pair."""
+    db, q = world.db, world.questions["lab_k"]
+    cand = run_operator(db, q, "implausible_value", SEED, {})
+    assert cand is not None and cand.queries
+    again = run_operator(db, q, "implausible_value", SEED, {}, replay=cand.queries)
+    assert again is not None and again.fingerprint() == cand.fingerprint()
+    assert again.queries.keys() == cand.queries.keys()  # no query missed the replay
+    # the replay really answers from the record: with every query answering nothing, it declines
+    emptied = {key: ([] if len(key) == 2 else (value[0], [])) for key, value in cand.queries.items()}
+    assert run_operator(db, q, "implausible_value", SEED, {}, replay=emptied) is None
+    assert failed_checks(verify_candidates(
+        db, [cand], lambda c: run_operator(db, c.question, c.operator.name, SEED, {}, replay=c.queries))[0]) == []
 
 
 def test_rejects_expected_answer_the_recovery_does_not_give(world):

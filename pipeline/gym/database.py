@@ -107,7 +107,7 @@ class Benchmark:
             con.execute(f"CREATE VIEW {CLEAN_SCHEMA}.{t} AS SELECT * EXCLUDE ({ROW_ID}) FROM base.{t}").fetchall()
         for t in sorted({r["table_name"] for rows in by_pair.values() for r in rows}):
             con.execute(f"CREATE SCHEMA {NOISY_PREFIX}{t}").fetchall()
-            con.execute(f"CREATE VIEW {NOISY_PREFIX}{t}.{t} AS SELECT * EXCLUDE ({ROW_ID}) FROM main.{t}").fetchall()
+            con.execute(f"CREATE VIEW {NOISY_PREFIX}{t}.{t} AS SELECT * EXCLUDE ({ROW_ID}) FROM {self.db.overlaid(t)}").fetchall()
         row = con.execute("SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory()").fetchone()
         if row is None:
             raise RuntimeError("DuckDB returned no row for the memory in use (an aggregate always has one)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
@@ -50,9 +50,15 @@ def load_questions(table: pa.Table, templates: list[Template]) -> list[CleanQues
     return [CleanQuestion.from_row(r, by_id) for r in table.to_pylist() if r["template_id"] in by_id]
 
 
-def run_operator(db: Database, q: CleanQuestion, name: str, seed: int, pools: dict) -> Candidate | None:
+def run_operator(db: Database, q: CleanQuestion, name: str, seed: int, pools: dict,
+                 replay: dict | None = None) -> Candidate | None:
+    """Operator ``name`` on ``q`` with its own RNG. Its query results are kept on the candidate;
+    given an earlier run's (``replay``), the run answers from them instead of querying again."""
     params = OperatorParams(tuple(pools.get(q.template.id, ())))
-    return OPERATORS[name].run(db, q, params, operator_rng(seed, q.question_id, name))
+    queries = dict(replay or {})
+    with db.memoized(queries):
+        candidate = OPERATORS[name].run(db, q, params, operator_rng(seed, q.question_id, name))
+    return None if candidate is None else replace(candidate, queries=queries)
 
 
 def propose(db: Database, questions: list[CleanQuestion], seed: int,

@@ -102,6 +102,9 @@ class Candidate(Proposal):
 
     question: CleanQuestion
     operator: Operator
+    # The results of the queries the operator ran (by overlay and SQL): the determinism check's
+    # re-run replays them, so it re-tests the operator's own decisions without re-querying.
+    queries: dict = field(default_factory=dict, kw_only=True, compare=False, repr=False)
 
     def fingerprint(self) -> str:
         """Everything the operator decided, as canonical text (the determinism check compares it)."""

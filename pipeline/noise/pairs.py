@@ -116,8 +116,9 @@ def _shard(staged_dir: str, rows: list[dict], seed: int, per_question: int,
         questions = load_questions(pa.Table.from_pylist(rows), templates)
         pools = entity_pools(questions)
         candidates, proposal = propose(db, questions, seed, per_question, vetoed_families, profile)
-        records = verify_candidates(db, candidates, lambda c: run_operator(db, c.question, c.operator.name, seed, pools),
-                                    profile)
+        records = verify_candidates(
+            db, candidates, lambda c: run_operator(db, c.question, c.operator.name, seed, pools, replay=c.queries),
+            profile)
     finally:
         db.close()
     return [pair_record(c, rec, seed) for c, rec in zip(candidates, records)], proposal.not_applicable, profile

@@ -78,9 +78,8 @@ def verify_candidates(db: Database, candidates: list[Candidate],
                 records[i]["deterministic"] = again is not None and again.fingerprint() == candidates[i].fingerprint()
         return records
     finally:
-        db.use(Database.CLEAN)
-        for i, oid in ids.items():
-            db.unload(oid, overlays[i].tables)
+        for oid in ids.values():
+            db.unload(oid)
 
 
 def failed_checks(record: dict) -> list[str]:
