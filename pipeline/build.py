@@ -35,7 +35,7 @@ from pipeline.questions.generate import DEFAULT_PER_TEMPLATE, QuestionReport, ge
 from pipeline.questions.templates import TEMPLATES_DIR, load_templates
 from pipeline.schema import TABLES
 from pipeline.sources import make_source
-from pipeline.staging import StageReport, stage, staged_path
+from pipeline.staging import StageReport, stage, staged_database, staged_path
 
 PAIRS_PER_TEMPLATE = 80
 
@@ -105,12 +105,14 @@ def build(source: str, out: str | os.PathLike, seed: int, path: str | os.PathLik
     report.stage = stage(make_source(source, path, patients=patients, seed=seed, quirks=quirks), layout.staged)
     lap("stage")
     templates = load_templates()
-    questions, report.questions = generate_questions(layout.staged, seed, templates, questions_per_template,
-                                                     workers=workers)
-    lap("questions")
-    records, report.noise = candidate_records(layout.staged, questions, seed, workers=workers,
-                                              progress=verification_progress(log) if log else None,
-                                              vetoed_families=vetoes.families())
+    # both stages' workers read one on-disk copy of the staged tables, written once
+    with staged_database(layout.staged) as staged_file:
+        questions, report.questions = generate_questions(layout.staged, seed, templates, questions_per_template,
+                                                         workers=workers, staged_file=staged_file)
+        lap("questions")
+        records, report.noise = candidate_records(layout.staged, questions, seed, workers=workers,
+                                                  progress=verification_progress(log) if log else None,
+                                                  vetoed_families=vetoes.families(), staged_file=staged_file)
     lap("noise")
     report.pairs = ship(records, templates, seed, per_template, vetoes)
     report.manifest = export_benchmark(out, report.pairs, questions, report.questions.rejected, report.noise,

@@ -9,7 +9,7 @@ import click
 
 from pipeline.questions.cli import questions_command
 from pipeline.sources import DEFAULT_SYNTHETIC_PATIENTS, QUIRK_KINDS, SOURCE_KINDS, make_source
-from pipeline.staging import StagingError, stage
+from pipeline.staging import SettingError, StagingError, stage
 
 
 def expected_errors() -> tuple[type[Exception], ...]:
@@ -24,7 +24,7 @@ def expected_errors() -> tuple[type[Exception], ...]:
     from pipeline.questions.answers import AnswerError
     from pipeline.questions.templates import TemplateError
 
-    return (TemplateError, AnswerError, StagingError, BuildError, ChecksumError,
+    return (TemplateError, AnswerError, StagingError, SettingError, BuildError, ChecksumError,
             OSError, duckdb.Error, pyarrow.ArrowException)
 
 

@@ -45,6 +45,10 @@ class StagingError(RuntimeError):
     """Bad input for staging; the message names the file, table, column or line at fault."""
 
 
+class SettingError(ValueError):
+    """An environment setting the build cannot use; the message names the variable."""
+
+
 def staged_path(staged_dir: str | os.PathLike, table_name: str) -> Path:
     return Path(staged_dir) / f"{table_name}.parquet"
 
@@ -99,7 +103,7 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 def _bytes(size: str, name: str) -> int:
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", size)
     if match is None or match.group(2).lower() not in _UNITS:
-        raise ValueError(f"{name}={size!r}: not a size (e.g. 8GB, 6GiB, 512MB)")
+        raise SettingError(f"{name}={size!r}: not a size (e.g. 8GB, 6GiB, 512MB)")
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 

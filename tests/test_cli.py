@@ -64,6 +64,14 @@ def test_unreadable_input_is_one_line_with_a_hint(tmp_path):
     assert line.startswith("Error: no staged tables") and "--debug" in line
 
 
+def test_a_bad_memory_setting_is_one_line_naming_the_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv("EHR_ROBUSTGYM_DUCKDB_MEMORY", "lots")
+    line = _error_line(CliRunner().invoke(main, ["build", "--patients", "20", "--seed", "0", "--workers", "1",
+                                                 "--out", str(tmp_path / "b")]))
+    assert line.startswith("Error: EHR_ROBUSTGYM_DUCKDB_MEMORY='lots': not a size") and "--debug" not in line
+    assert not (tmp_path / "b" / "pairs.parquet").exists()
+
+
 def test_a_bug_keeps_its_traceback(tmp_path, monkeypatch):
     def boom(*args, **kwargs):
         raise ZeroDivisionError("a bug")

@@ -32,7 +32,7 @@ from pipeline.noise.model import (
     answer_of,
 )
 from pipeline.noise.operators import OPERATORS
-from pipeline.noise.operators.common import record_proposal, recovered, restricted, update
+from pipeline.noise.operators.common import record_proposal, recovered, relinked, restricted, stay_fits, update
 from pipeline.noise.overlay import Change, Database, Overlay
 from pipeline.noise.registry import NOISE_LEVELS, Operator
 from pipeline.noise.verify import (
@@ -360,6 +360,13 @@ def rerun(db: Database) -> Callable:
 
 def verify_one(db: Database, cand, again: Callable | None = None) -> dict:
     return verify_candidates(db, [cand], again or rerun(db))[0]
+
+
+@pytest.mark.parametrize("build", [lambda t: stay_fits(t, None), lambda t: relinked(t, None)])
+def test_relinking_a_table_without_a_stay_link_is_an_error_naming_it(build):
+    with pytest.raises(ValueError, match="'patients' links to no stay"):
+        build("patients")
+    assert "p.subject_id = t.subject_id" in build("labevents")
 
 
 def test_an_overlay_shows_only_the_tables_it_touches_and_is_forgotten_in_batches(world):

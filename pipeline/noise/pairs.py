@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import as_completed
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 
 import pyarrow as pa
@@ -128,11 +129,14 @@ def candidate_records(staged_dir: str | os.PathLike, questions: pa.Table, seed: 
                       per_question: int = DEFAULT_OPERATORS_PER_QUESTION,
                       workers: int | None = None,
                       progress: Callable[[int, int, list[dict]], None] | None = None,
-                      vetoed_families: frozenset[tuple[str, str]] = frozenset()) -> tuple[list[dict], NoiseReport]:
+                      vetoed_families: frozenset[tuple[str, str]] = frozenset(),
+                      staged_file: str | os.PathLike | None = None) -> tuple[list[dict], NoiseReport]:
     """Every candidate pair for the clean ``questions`` with its verification, sorted by pair_id.
 
     ``progress(shards_done, shards, records)`` is called as each shard finishes, with its records;
-    ``vetoed_families`` (template_id, operator) are never proposed."""
+    ``vetoed_families`` (template_id, operator) are never proposed; ``staged_file`` (a
+    :func:`~pipeline.staging.staged_database` of ``staged_dir``) is read instead of a database of
+    this call's own."""
     started = time.perf_counter()
     rows = questions.to_pylist()
     workers = max(1, min(workers or os.cpu_count() or 1, len(rows) or 1))
@@ -143,13 +147,15 @@ def candidate_records(staged_dir: str | os.PathLike, questions: pa.Table, seed: 
     for r in rows:
         shards[stable_int(r["template_id"]) % n_shards].append(r)
     if workers == 1:
-        results = [_shard(str(staged_dir), shards[0], seed, per_question, vetoed_families)]
+        results = [_shard(str(staged_dir), shards[0], seed, per_question, vetoed_families,
+                          str(staged_file) if staged_file else None)]
         if progress:
             progress(1, 1, results[0][0])
     else:
-        with staged_database(staged_dir) as staged_file, worker_pool(workers) as pool:
+        with nullcontext(staged_file) if staged_file else staged_database(staged_dir) as shared, \
+                worker_pool(workers) as pool:
             futures = [pool.submit(_shard, str(staged_dir), s, seed, per_question, vetoed_families,
-                                   str(staged_file), workers) for s in shards if s]
+                                   str(shared), workers) for s in shards if s]
             for done, future in enumerate(as_completed(futures), 1):
                 if progress:
                     progress(done, len(futures), future.result()[0])

@@ -16,6 +16,7 @@ import json
 import os
 import time
 from collections import Counter
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from itertools import repeat
 
@@ -247,20 +248,21 @@ def _worker_run(t: Template, seed: int, per_template: int, pool) -> _Result:
     return _template_result(_WORKER["con"], _WORKER["present"], t, seed, per_template, pool)
 
 
-def _results(staged_dir, seed: int, templates: list[Template], per_template: int, workers: int, pools: dict):
+def _results(staged_dir, seed: int, templates: list[Template], per_template: int, workers: int, pools: dict,
+             staged_file: str | os.PathLike | None = None):
     """Per-template results in template order. Templates are independent (own rng, own rows), so
     they run in ``workers`` spawned processes, each with its own single-threaded DuckDB: the
     workload is thousands of small queries whose cost is planning, which one thread does best."""
     if workers <= 1:
-        con, present = open_staged(staged_dir)
+        con, present = open_staged(staged_dir, staged_file)
         try:
             con.execute("SET threads = 1")
             yield from (_template_result(con, present, t, seed, per_template, pools.get(t.id)) for t in templates)
         finally:
             con.close()
         return
-    with staged_database(staged_dir) as staged_file, \
-            worker_pool(workers, _worker_init, (str(staged_dir), str(staged_file), workers)) as pool:
+    with nullcontext(staged_file) if staged_file else staged_database(staged_dir) as shared, \
+            worker_pool(workers, _worker_init, (str(staged_dir), str(shared), workers)) as pool:
         # compiled Jinja templates do not pickle; workers compile their own
         plain = [dataclasses.replace(t, _compiled={}) for t in templates]
         yield from pool.map(_worker_run, plain, repeat(seed), repeat(per_template), [pools.get(t.id) for t in plain])
@@ -268,11 +270,14 @@ def _results(staged_dir, seed: int, templates: list[Template], per_template: int
 
 def generate_questions(staged_dir: str | os.PathLike, seed: int, templates: list[Template] | None = None,
                        per_template: int = DEFAULT_PER_TEMPLATE, out: str | os.PathLike | None = None,
-                       workers: int | None = None, pools: pa.Table | None = None) -> tuple[pa.Table, QuestionReport]:
+                       workers: int | None = None, pools: pa.Table | None = None,
+                       staged_file: str | os.PathLike | None = None) -> tuple[pa.Table, QuestionReport]:
     """Clean questions for ``templates`` (default: all in ``templates/``) over ``staged_dir``, using
     ``workers`` processes (default: one per CPU); written atomically to ``out`` when given. With
-    ``pools`` (from :func:`slot_pools`, same seed) the drawn candidates are taken from there. Same
-    inputs and seed give byte-identical output, whatever the number of workers."""
+    ``pools`` (from :func:`slot_pools`, same seed) the drawn candidates are taken from there; with
+    ``staged_file`` (a :func:`~pipeline.staging.staged_database` of ``staged_dir``) the tables are
+    read from it instead of a database of this call's own. Same inputs and seed give
+    byte-identical output, whatever the number of workers."""
     started = time.perf_counter()
     templates = load_templates() if templates is None else templates
     workers = min(workers or os.cpu_count() or 1, len(templates))
@@ -280,7 +285,7 @@ def generate_questions(staged_dir: str | os.PathLike, seed: int, templates: list
     rows: list[dict] = []
     by_id = {t.id: t for t in templates}
     by_template = _pools_by_template(pools) if pools is not None else {}
-    for res in _results(staged_dir, seed, templates, per_template, workers, by_template):
+    for res in _results(staged_dir, seed, templates, per_template, workers, by_template, staged_file):
         if res.skipped:
             report.skipped[res.template_id] = res.skipped
             continue

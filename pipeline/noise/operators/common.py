@@ -89,9 +89,17 @@ def stay_link(table: str) -> tuple[str, str] | None:
     return link, parent
 
 
+def linked_stay(table: str) -> tuple[str, str]:
+    """:func:`stay_link` of a table that must have one: a table without is a caller's bug, named."""
+    found = stay_link(table)
+    if found is None:
+        raise ValueError(f"table {table!r} links to no stay (admission or ICU stay)")
+    return found
+
+
 def stay_fits(table: str, time: str | None) -> str:
     """Stay ``p`` could hold row ``t``: the patient's, and containing the row's time when it has one."""
-    _, parent = stay_link(table) or ("", "admissions")
+    _, parent = linked_stay(table)
     _, start, end = STAYS[parent]
     return f"p.subject_id = t.subject_id{f' AND {inside(table, time, start, end)}' if time else ''}"
 
@@ -105,7 +113,7 @@ def relinked(table: str, time: str | None, source: str | None = None) -> str:
     """``table`` (its rows read from ``source``) with each link naming no stay of the row's patient
     replaced by the one stay that fits the row (NULL when none or several do): the ``orphan_link``
     operator's recovery and the checking agent's repair, one rule for both."""
-    link, parent = stay_link(table) or ("", "")
+    link, parent = linked_stay(table)
     return (f"SELECT t.* REPLACE (CASE WHEN t.{link} IS NULL OR {stay_known(link, parent)} THEN t.{link} ELSE "
             f"(SELECT CASE WHEN count(*) = 1 THEN min(p.{link}) END FROM {parent} p WHERE {stay_fits(table, time)}) "
             f"END AS {link}) FROM {source or table} t")
