@@ -111,6 +111,7 @@ class Database:
         self._next_id = 0
         self._active: int | None = None
         self._memo: dict | None = None
+        self._deferred: tuple[int, Overlay] | None = None  # a memoized noisy block's overlay, not loaded yet
         self.use(self.CLEAN)
         self.next_rid = {t: self.scalar(f"SELECT coalesce(max({ROW_ID}), -1) + 1 FROM base.{t}") for t in self.tables}
 
@@ -125,6 +126,7 @@ class Database:
             return self.con.execute(sql).fetchall()
         key = (self._overlay_key(), sql)
         if key not in self._memo:
+            self._show_deferred()
             self._memo[key] = self.con.execute(sql).fetchall()
         return list(self._memo[key])
 
@@ -139,9 +141,19 @@ class Database:
         finally:
             self._memo = outer
 
+    def _show_deferred(self) -> None:
+        """Load and select the overlay a memoized :meth:`noisy` block put off."""
+        if self._deferred is not None:
+            (oid, overlay), self._deferred = self._deferred, None
+            self.load({oid: overlay})
+            self.use(oid)
+
     def _overlay_key(self) -> tuple | None:
         """The active overlay's changes: the same noisy database under any overlay id."""
-        overlay = self._overlay_of.get(self._active) if self._active is not None else None
+        if self._deferred is not None:
+            overlay: Overlay | None = self._deferred[1]
+        else:
+            overlay = self._overlay_of.get(self._active) if self._active is not None else None
         if overlay is None:
             return None
         return tuple((c.table, c.op, c.rid, c.column, c.new_value_json()) for c in overlay.changes)
@@ -157,6 +169,7 @@ class Database:
             return [dict(zip([d[0] for d in cursor.description], row)) for row in cursor.fetchall()]
         key = (self._overlay_key(), "records", sql)
         if key not in self._memo:
+            self._show_deferred()
             cursor = self.con.execute(sql)
             self._memo[key] = ([d[0] for d in cursor.description], cursor.fetchall())
         names, rows = self._memo[key]
@@ -227,13 +240,20 @@ class Database:
 
     @contextmanager
     def noisy(self, overlay: Overlay) -> Iterator[Database]:
-        """Within the block, unqualified table names show the base with ``overlay`` applied."""
+        """Within the block, :meth:`rows`, :meth:`scalar` and :meth:`records` see the base with
+        ``overlay`` applied (and so do unqualified names on :attr:`con`, unless memoized). While
+        :meth:`memoized`, the overlay is loaded only when a query misses the memo: a replay
+        usually asks DuckDB nothing."""
         oid = self.new_id()
-        self.load({oid: overlay})
-        self.use(oid)
+        if self._memo is None:
+            self.load({oid: overlay})
+            self.use(oid)
+        else:
+            self._deferred = (oid, overlay)
         try:
             yield self
         finally:
+            self._deferred = None
             self.unload(oid)
 
     def new_id(self) -> int:
