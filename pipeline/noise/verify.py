@@ -16,10 +16,11 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 
-from pipeline.noise.model import Candidate, answer_of
+from pipeline.noise.model import Candidate, CleanQuestion, answer_of
 from pipeline.noise.overlay import Database
 from pipeline.profile import Profile
 from pipeline.questions.evidence import evidence_violations
+from pipeline.questions.generate import gold_rows
 from pipeline.schema import ROW_ID, TABLES
 
 CHECKS = ("clean", "local", "effect", "expected", "detectable", "deterministic")  # in the order they run
@@ -52,6 +53,9 @@ def verify_candidates(db: Database, candidates: list[Candidate],
             local = _locality(db, candidates, ids)
         records = [{"clean": clean[c.question.question_id], "local": local[i]} for i, c in enumerate(candidates)]
         pending = [i for i, r in enumerate(records) if r["clean"] and r["local"]]
+        with timed("check", "effect", 0):
+            naive = _on_clean_base(db, {i: candidates[i] for i in pending if not candidates[i].overlay},
+                                   lambda c: c.naive_sql)
         for i in pending:
             c, rec = candidates[i], records[i]
             # a query the operator already ran on this very noisy (or clean) database is answered
@@ -59,7 +63,8 @@ def verify_candidates(db: Database, candidates: list[Candidate],
             with db.memoized(c.queries):
                 with timed("check", "effect"):
                     db.use(ids.get(i, Database.CLEAN))
-                    rec["naive_answer"] = answer_of(db.rows(c.naive_sql), c.question.answer_type)
+                    rows = naive[i] if i in naive else db.rows(c.naive_sql)
+                    rec["naive_answer"] = answer_of(rows, c.question.answer_type)
                     rec["effect"] = rec["naive_answer"] != expected_outcome(c)
                 if rec["effect"]:
                     with timed("check", "expected"):
@@ -108,13 +113,35 @@ def _recovers(db: Database, c: Candidate, overlay_id: int, rec: dict) -> bool:
     return rec["recovered_clean"] == c.question.answer
 
 
-def _clean_answers(db: Database, candidates: list[Candidate]) -> dict[str, bool]:
+def _on_clean_base(db: Database, candidates: dict[int, Candidate], sql_of: Callable[[Candidate], str]
+                   ) -> dict[int, list[tuple]]:
+    """Rows of each candidate's ``sql_of`` on the clean base, by the candidate's key; the candidates
+    of one template and operator in one statement (same shape, so each column keeps its type)."""
     db.use(Database.CLEAN)
-    out: dict[str, bool] = {}
+    groups: dict[tuple[str, str], dict[int, str]] = defaultdict(dict)
+    templates = {}
+    for k, c in candidates.items():
+        groups[(c.question.template.id, c.operator.name)][k] = sql_of(c)
+        templates[c.question.template.id] = c.question.template
+    out: dict[int, list[tuple]] = {}
+    for (template_id, _), queries in groups.items():
+        out.update(gold_rows(db.con, templates[template_id], queries))
+    return out
+
+
+def _clean_answers(db: Database, candidates: list[Candidate]) -> dict[str, bool]:
+    """Each question's gold SQL on the clean base, a template's questions in one statement as when
+    they were generated."""
+    db.use(Database.CLEAN)
+    by_template: dict[str, dict[str, CleanQuestion]] = defaultdict(dict)
     for c in candidates:
-        q = c.question
-        if q.question_id not in out:
-            answer = answer_of(db.rows(q.gold_sql), q.answer_type)
+        by_template[c.question.template.id][c.question.question_id] = c.question
+    out: dict[str, bool] = {}
+    for questions in by_template.values():
+        qs = list(questions.values())
+        rows = gold_rows(db.con, qs[0].template, {i: q.gold_sql for i, q in enumerate(qs)})
+        for i, q in enumerate(qs):
+            answer = answer_of(rows[i], q.answer_type)
             out[q.question_id] = answer is not None and answer == q.answer
     return out
 

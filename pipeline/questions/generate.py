@@ -110,7 +110,7 @@ def _batched(con, queries: dict[int, str], columns: str = "*") -> dict[int, list
     return out
 
 
-def _gold_rows(con, template: Template, gold: dict[int, str]) -> dict[int, list[tuple]]:
+def gold_rows(con, template: Template, gold: dict[int, str]) -> dict[int, list[tuple]]:
     """Gold rows per candidate. Batched unless the answer is a ``list`` (row order inside a union
     branch is not guaranteed); slot values are never the answer column itself, so the union's
     common column type is each query's own. A failing batch is re-run query by query, so an error
@@ -127,12 +127,12 @@ def _evaluate(con, template: Template, cands: list[tuple[dict, int]], present: s
               rejected: Counter) -> list[dict]:
     """Rows of the clean candidates among ``cands`` (slots, variant), in order."""
     rendered = {i: render(template, slots, variant) for i, (slots, variant) in enumerate(cands)}
-    gold_rows = _gold_rows(con, template, {i: gold for i, (_, gold, _) in rendered.items()})
+    rows_of = gold_rows(con, template, {i: gold for i, (_, gold, _) in rendered.items()})
     rows: dict[int, dict] = {}
     for i, (slots, variant) in enumerate(cands):
         question, gold, _ = rendered[i]
         try:
-            answer = normalise(gold_rows[i], template.answer_type)
+            answer = normalise(rows_of[i], template.answer_type)
         except AnswerError as exc:
             rejected[exc.reason] += 1
             continue
