@@ -847,8 +847,13 @@ def test_a_rerun_replays_the_first_runs_query_results(world):
     assert again is not None and again.fingerprint() == cand.fingerprint()
     assert again.queries.keys() == cand.queries.keys()  # no query missed the replay
     # the replay really answers from the record: with every query answering nothing, it declines
-    emptied = {key: ([] if len(key) == 2 else (value[0], [])) for key, value in cand.queries.items()}
+    emptied = {key: (names, []) for key, (names, _) in cand.queries.items()}
     assert run_operator(db, q, "implausible_value", SEED, {}, replay=emptied) is None
+    memo: dict = {}
+    with db.memoized(memo):  # a large result is asked again rather than held
+        assert len(db.rows(f"SELECT * FROM range({Database.MEMO_ROWS + 1})")) == Database.MEMO_ROWS + 1
+        db.rows("SELECT 1")
+    assert [sql for _, sql in memo] == ["SELECT 1"]
     assert failed_checks(verify_candidates(
         db, [cand], lambda c: run_operator(db, c.question, c.operator.name, SEED, {}, replay=c.queries))[0]) == []
 

@@ -83,6 +83,7 @@ class Database:
 
     CLEAN = -1
     PURGE_BATCH = 256
+    MEMO_ROWS = 256  # larger results are asked again rather than held: a memo's memory stays small
 
     def __init__(self, staged_dir: str | os.PathLike, tables: Iterable[str] | None = None,
                  staged_file: str | os.PathLike | None = None, processes: int = 1):
@@ -122,19 +123,36 @@ class Database:
         return name in self.tables
 
     def rows(self, sql: str) -> list[tuple]:
+        return list(self._fetch(sql)[1])
+
+    def records(self, sql: str) -> list[dict]:
+        """Rows as dicts (plain fetch: for a handful of rows far cheaper than going through Arrow)."""
+        names, rows = self._fetch(sql)
+        return [dict(zip(names, row)) for row in rows]
+
+    def _fetch(self, sql: str) -> tuple[list[str], list[tuple]]:
+        """Column names and rows of ``sql``: from the memo when one is active and holds them."""
         if self._memo is None:
-            return self.con.execute(sql).fetchall()
+            return self._run(sql)
         key = (self._overlay_key(), sql)
-        if key not in self._memo:
-            self._show_deferred()
-            self._memo[key] = self.con.execute(sql).fetchall()
-        return list(self._memo[key])
+        if key in self._memo:
+            return self._memo[key]
+        self._show_deferred()
+        result = self._run(sql)
+        if len(result[1]) <= self.MEMO_ROWS:
+            self._memo[key] = result
+        return result
+
+    def _run(self, sql: str) -> tuple[list[str], list[tuple]]:
+        cursor = self.con.execute(sql)
+        return [d[0] for d in cursor.description or ()], cursor.fetchall()
 
     @contextmanager
     def memoized(self, memo: dict) -> Iterator[None]:
         """Within the block, :meth:`rows` and :meth:`records` answer a query asked before under
-        the same overlay from ``memo`` and store new ones there. DuckDB on one thread gives an
-        unchanged base's rows in the same order, so a replay is what re-running would return."""
+        the same overlay from ``memo`` and store new ones there (up to :attr:`MEMO_ROWS` rows).
+        DuckDB on one thread gives an unchanged base's rows in the same order, so a replay is what
+        re-running would return."""
         outer, self._memo = self._memo, memo
         try:
             yield
@@ -161,19 +179,6 @@ class Database:
     def scalar(self, sql: str):
         rows = self.rows(sql)
         return rows[0][0] if rows else None
-
-    def records(self, sql: str) -> list[dict]:
-        """Rows as dicts (plain fetch: for a handful of rows far cheaper than going through Arrow)."""
-        if self._memo is None:
-            cursor = self.con.execute(sql)
-            return [dict(zip([d[0] for d in cursor.description], row)) for row in cursor.fetchall()]
-        key = (self._overlay_key(), "records", sql)
-        if key not in self._memo:
-            self._show_deferred()
-            cursor = self.con.execute(sql)
-            self._memo[key] = ([d[0] for d in cursor.description], cursor.fetchall())
-        names, rows = self._memo[key]
-        return [dict(zip(names, row)) for row in rows]
 
     def base_rows(self, table: str, rids: Iterable[int]) -> list[dict]:
         rids = sorted(set(rids))
