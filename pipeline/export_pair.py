@@ -74,7 +74,7 @@ def export_pair(benchmark: str | os.PathLike, pair_id: str, side: str, out: str 
         con.execute(f"ATTACH {path_literal(tmp)} AS export").fetchall()
         with db.noisy(overlay) if db else contextlib.nullcontext():
             for table in present:
-                rows = (db.overlaid(table) if db and table in overlay.tables
+                rows = (Database.overlaid(table) if table in overlay.tables
                         else parquet_scan(staged_path(staged, table)))
                 con.execute(f"CREATE TABLE export.{table} AS SELECT * EXCLUDE ({ROW_ID}) FROM {rows} "
                             f"ORDER BY {ROW_ID}").fetchall()

@@ -105,8 +105,7 @@ class Database:
             self.tables = attach_staged(self.con, self.staged_dir, kind="TABLE", schema="base", tables=tables or None)
             self._base_path = "main,base"
         self._overlaid: set[str] = set()
-        self._tables_of: dict[int, set[str]] = defaultdict(set)  # overlay id -> the tables it touches
-        self._overlay_of: dict[int, Overlay] = {}
+        self._overlay_of: dict[int, Overlay] = {}  # loaded overlays by id
         self._stale: set[int] = set()  # unloaded overlays whose patch rows are not deleted yet
         self._names: set[str] = set()
         self._next_id = 0
@@ -211,8 +210,8 @@ class Database:
     def search_path(self, overlay_id: int) -> str:
         """The search path under which unqualified names show overlay ``overlay_id``: the view
         schemas of the tables it touches, then the base."""
-        return ",".join([*(OVERLAY_PREFIX + t for t in sorted(self._tables_of.get(overlay_id, ()))),
-                         self._base_path])
+        overlay = self._overlay_of.get(overlay_id, Overlay())
+        return ",".join([*(OVERLAY_PREFIX + t for t in overlay.tables), self._base_path])
 
     @staticmethod
     def overlaid(table: str) -> str:
@@ -227,9 +226,8 @@ class Database:
         if self._active in overlays:
             self._active = None  # its search path changes
         for oid, overlay in overlays.items():
+            self._overlay_of[oid] = overlay
             for table, changes in overlay.by_table().items():
-                self._tables_of[oid].add(table)
-                self._overlay_of[oid] = overlay
                 removed[table] += [(oid, rid) for rid in sorted({c.rid for c in changes if c.op != "insert"})]
                 patched[table] += [{**row, "overlay_id": oid} for row in self._patch_rows(table, changes)]
         for table in sorted(set(removed) | set(patched)):
@@ -250,11 +248,9 @@ class Database:
         :meth:`memoized`, the overlay is loaded only when a query misses the memo: a replay
         usually asks DuckDB nothing."""
         oid = self.new_id()
+        self._deferred = (oid, overlay)
         if self._memo is None:
-            self.load({oid: overlay})
-            self.use(oid)
-        else:
-            self._deferred = (oid, overlay)
+            self._show_deferred()
         try:
             yield self
         finally:
@@ -269,7 +265,6 @@ class Database:
         """Forget overlay ``overlay_id``. Its patch rows are deleted with the next batch of
         forgotten overlays (ids are never reused, so no view shows them meanwhile): one statement
         per table and batch instead of two per table and overlay."""
-        self._tables_of.pop(overlay_id, None)
         self._overlay_of.pop(overlay_id, None)
         if overlay_id == self._active:
             self.use(self.CLEAN)

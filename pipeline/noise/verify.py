@@ -14,9 +14,9 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
-from pipeline.noise.model import Candidate, CleanQuestion, answer_of
+from pipeline.noise.model import Candidate, answer_of
 from pipeline.noise.overlay import Database
 from pipeline.profile import Profile
 from pipeline.questions.evidence import evidence_violations
@@ -55,7 +55,7 @@ def verify_candidates(db: Database, candidates: list[Candidate],
         pending = [i for i, r in enumerate(records) if r["clean"] and r["local"]]
         with timed("check", "effect", 0):
             naive = _on_clean_base(db, {i: candidates[i] for i in pending if not candidates[i].overlay},
-                                   lambda c: c.naive_sql)
+                                   lambda c: c.naive_sql, lambda c: (c.question.template.id, c.operator.name))
         for i in pending:
             c, rec = candidates[i], records[i]
             # a query the operator already ran on this very noisy (or clean) database is answered
@@ -113,36 +113,33 @@ def _recovers(db: Database, c: Candidate, overlay_id: int, rec: dict) -> bool:
     return rec["recovered_clean"] == c.question.answer
 
 
-def _on_clean_base(db: Database, candidates: dict[int, Candidate], sql_of: Callable[[Candidate], str]
-                   ) -> dict[int, list[tuple]]:
-    """Rows of each candidate's ``sql_of`` on the clean base, by the candidate's key; the candidates
-    of one template and operator in one statement (same shape, so each column keeps its type)."""
+def _on_clean_base(db: Database, candidates: dict[int, Candidate], sql_of: Callable[[Candidate], str],
+                   group_of: Callable[[Candidate], Hashable]) -> dict[int, list[tuple]]:
+    """Rows of each candidate's ``sql_of`` on the clean base, by the candidate's key; the queries of
+    one group (of one template, and of one shape within it) in one statement, as generation runs
+    a template's gold SQL, so each column keeps its type."""
     db.use(Database.CLEAN)
-    groups: dict[tuple[str, str], dict[int, str]] = defaultdict(dict)
-    templates = {}
+    groups: dict[Hashable, dict[int, str]] = defaultdict(dict)
     for k, c in candidates.items():
-        groups[(c.question.template.id, c.operator.name)][k] = sql_of(c)
-        templates[c.question.template.id] = c.question.template
+        groups[group_of(c)][k] = sql_of(c)
     out: dict[int, list[tuple]] = {}
-    for (template_id, _), queries in groups.items():
-        out.update(gold_rows(db.con, templates[template_id], queries))
+    for queries in groups.values():
+        out.update(gold_rows(db.con, candidates[next(iter(queries))].question.template, queries))
     return out
 
 
 def _clean_answers(db: Database, candidates: list[Candidate]) -> dict[str, bool]:
-    """Each question's gold SQL on the clean base, a template's questions in one statement as when
-    they were generated."""
-    db.use(Database.CLEAN)
-    by_template: dict[str, dict[str, CleanQuestion]] = defaultdict(dict)
-    for c in candidates:
-        by_template[c.question.template.id][c.question.question_id] = c.question
+    """Each question's gold SQL on the clean base, a template's questions in one statement."""
+    first: dict[str, int] = {}  # question id -> its first candidate
+    for i, c in enumerate(candidates):
+        first.setdefault(c.question.question_id, i)
+    rows = _on_clean_base(db, {i: candidates[i] for i in first.values()}, lambda c: c.question.gold_sql,
+                          lambda c: c.question.template.id)
     out: dict[str, bool] = {}
-    for questions in by_template.values():
-        qs = list(questions.values())
-        rows = gold_rows(db.con, qs[0].template, {i: q.gold_sql for i, q in enumerate(qs)})
-        for i, q in enumerate(qs):
-            answer = answer_of(rows[i], q.answer_type)
-            out[q.question_id] = answer is not None and answer == q.answer
+    for i, found in rows.items():
+        q = candidates[i].question
+        answer = answer_of(found, q.answer_type)
+        out[q.question_id] = answer is not None and answer == q.answer
     return out
 
 
