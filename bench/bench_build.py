@@ -41,7 +41,16 @@ def run_child(patients: int, seed: int, workers: int | None, out: Path, summary:
     """In the child process: build, then write what the parent reports."""
     from pipeline.build import build
 
-    log = (lambda line: print(f"  [{patients:,} patients] {line}", flush=True)) if sys.stdout.isatty() else None
+    marker = summary.with_suffix(".stage")
+
+    def log(line: str) -> None:
+        finished = line.split(":", 1)[0]
+        if finished in STAGES:  # tell the sampler which stage runs now
+            marker.write_text(STAGES[STAGES.index(finished) + 1] if finished != STAGES[-1] else finished)
+        if sys.stdout.isatty():
+            print(f"  [{patients:,} patients] {line}", flush=True)
+
+    marker.write_text(STAGES[0])
     report = build("synthetic", out, seed, patients=patients, workers=workers, log=log)
     summary.write_text(json.dumps({"rows": report.stage.total_rows, "timings": report.timings,
                                    "pairs": report.manifest["counts"]["pairs"]}))
@@ -74,19 +83,30 @@ def rss(pid: int) -> int:
 
 
 class TreeSampler(threading.Thread):
-    """Peak over time of the summed RSS of a process tree, and of its largest process."""
+    """Peak over time of the summed RSS of a process tree, and of its largest process; and per
+    build stage (named in the ``stage`` file the child keeps), the peaks of the build process
+    itself, of its workers summed and of the largest worker: who holds the memory, and when."""
 
-    def __init__(self, root: int, every: float = 0.2):
+    def __init__(self, root: int, stage: Path, every: float = 0.2):
         super().__init__(daemon=True)
-        self.root, self.every, self.done = root, every, threading.Event()
+        self.root, self.stage, self.every, self.done = root, stage, every, threading.Event()
         self.peak_sum = self.peak_one = self.peak_processes = 0
+        self.by_stage: dict[str, list[int]] = {}  # stage -> [build, workers summed, largest worker]
 
     def run(self) -> None:
         while not self.done.is_set():
-            sizes = [rss(pid) for pid in process_tree(self.root)]
+            tree = process_tree(self.root)
+            sizes = [rss(pid) for pid in tree]
             self.peak_sum = max(self.peak_sum, sum(sizes))
             self.peak_one = max(self.peak_one, max(sizes, default=0))
             self.peak_processes = max(self.peak_processes, sum(s > 0 for s in sizes))
+            try:
+                stage = self.stage.read_text() or "start"
+            except OSError:
+                stage = "start"
+            peaks = self.by_stage.setdefault(stage, [0, 0, 0])
+            for k, size in enumerate((sizes[0] if sizes else 0, sum(sizes[1:]), max(sizes[1:], default=0))):
+                peaks[k] = max(peaks[k], size)
             self.done.wait(self.every)
 
 
@@ -99,7 +119,7 @@ def measure(patients: int, args: argparse.Namespace, folder: Path) -> dict | Non
         command += ["--workers", str(args.workers)]
     start = time.perf_counter()
     child = subprocess.Popen(command)
-    sampler = TreeSampler(child.pid)
+    sampler = TreeSampler(child.pid, summary.with_suffix(".stage"))
     sampler.start()
     try:
         _, status, usage = os.wait4(child.pid, 0)  # rusage of the child and its reaped descendants
@@ -120,12 +140,16 @@ def measure(patients: int, args: argparse.Namespace, folder: Path) -> dict | Non
         if not args.keep:
             shutil.rmtree(out, ignore_errors=True)
             summary.unlink(missing_ok=True)
+        summary.with_suffix(".stage").unlink(missing_ok=True)
     result.update(patients=patients, wall=wall, total=sum(result["timings"].values()), peak_sum=sampler.peak_sum,
                   peak_one=max(usage.ru_maxrss * 1024, sampler.peak_one), processes=sampler.peak_processes)
     print(f"{patients:>9,} patients: {result['rows']:,} rows staged, {result['pairs']:,} pairs, build "
           f"{result['total']:.1f} s ({', '.join(f'{k} {v:.1f} s' for k, v in result['timings'].items())}), "
           f"peak RSS {result['peak_sum'] / MB:,.0f} MB over {result['processes']} processes "
           f"(largest {result['peak_one'] / MB:,.0f} MB)", flush=True)
+    for name, (own, workers, largest) in sampler.by_stage.items():
+        print(f"    {name:<10} peak RSS: build process {own / MB:,.0f} MB, workers {workers / MB:,.0f} MB "
+              f"(largest {largest / MB:,.0f} MB)", flush=True)
     return result
 
 
