@@ -70,6 +70,17 @@ def test_oracle_is_right_on_both_sides_and_outputs_match(bench, pairs, tmp_path)
     assert first["messages"][0]["role"] == "system" and first["messages"][-1]["role"] == "tool"
 
 
+def test_workers_share_the_runner_s_staged_base_and_leave_no_copy_behind(bench, tmp_path, monkeypatch):
+    """The runner writes one staged database all its workers attach; a worker writing its own would
+    leave it behind (a multiprocessing child exits without running exit handlers)."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setenv("EHR_ROBUSTGYM_TEMP_DIR", str(temp))
+    run = run_eval(EvalConfig(bench, "oracle", trials=1, workers=2), tmp_path / "run")
+    assert run.played == run.succeeded == 18
+    assert list(temp.iterdir()) == []
+
+
 def test_naive_is_right_on_clean_and_wrong_where_the_noise_changes_the_answer(bench, tmp_path):
     run_eval(EvalConfig(bench, "naive", sides=("noise",)), tmp_path)
     df = results(tmp_path).set_index("pair_id")

@@ -6,6 +6,8 @@ import inspect
 import json
 import math
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -105,6 +107,20 @@ def test_two_envs_share_one_base_and_keep_their_own_overlays(bench, env):
         assert sql(other, "SELECT count(*) FROM patients").split("\n")[1] == "30"
     finally:
         other.close()
+
+
+def test_a_process_reads_the_base_from_a_staged_file_it_deletes_at_exit(bench):
+    """No copy of the base in memory: the benchmark attaches a staged database read-only."""
+    script = ("import os, sys; from pipeline.gym.database import Benchmark; "
+              "b = Benchmark.open(sys.argv[1], 256); con = b.db.con; "
+              "print(b.staged_file, os.path.exists(b.staged_file), "
+              "con.sql(\"SELECT path FROM duckdb_databases() WHERE database_name = 'base'\").fetchall()[0][0], "
+              "con.sql(\"SELECT count(*) FROM duckdb_tables() WHERE database_name = 'memory' "
+              "AND schema_name = 'base'\").fetchall()[0][0])")
+    found = subprocess.run([sys.executable, "-c", script, str(bench)], capture_output=True, text=True, check=True)
+    staged, existed, attached, copies = found.stdout.split()
+    assert (existed, attached, copies) == ("True", staged, "0")
+    assert not Path(staged).exists()
 
 
 def test_sql_output_is_capped_in_rows_and_bytes_with_counts(env):

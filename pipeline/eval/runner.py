@@ -28,9 +28,11 @@ import pyarrow.parquet as pq
 
 from pipeline.eval.agent import Agent, make_agent
 from pipeline.files import AtomicFolder, sha256_file, stable_int
+from pipeline.gym.database import Benchmark
 from pipeline.gym.env import Env, env_version
 from pipeline.gym.models import SIDES, TERMINAL, Limits
 from pipeline.progress import episode_progress
+from pipeline.staging import staged_database
 from pipeline.workers import exit_with_parent
 
 JOURNAL, RESULTS, TRAJECTORIES, RUN = "journal.jsonl", "results.parquet", "trajectories.jsonl", "run.json"
@@ -151,10 +153,11 @@ def play_episode(env: Env, agent: Agent, task: Task, rows: dict[str, dict] | Non
     return {"result": result, "trajectory": trajectory}
 
 
-def _worker(parent: int, config: EvalConfig, tasks: mp.Queue, out: mp.Queue) -> None:
+def _worker(parent: int, config: EvalConfig, staged_file: Path, tasks: mp.Queue, out: mp.Queue) -> None:
     exit_with_parent(parent)  # a worker must not outlive a killed runner
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     try:
+        Benchmark.open(config.benchmark, config.limits.sql_memory_mb, staged_file)  # the Env's, over the shared base
         agent = make_agent(config.agent, **config.options)
         rows = None
         if agent.uses_labels:
@@ -309,32 +312,34 @@ def _play(config: EvalConfig, pending: list[Task]):
         tasks.put(task)
     for _ in range(n):
         tasks.put(None)
-    workers = [context.Process(target=_worker, args=(os.getpid(), config, tasks, out), daemon=True)
-               for _ in range(n)]
-    spawned = time.perf_counter()
-    for w in workers:
-        w.start()
-    try:
-        done = 0
-        while done < n:
-            try:
-                kind, payload = out.get(timeout=1.0)
-            except queue.Empty:
-                if dead := [w for w in workers if not w.is_alive() and w.exitcode != 0]:
-                    raise EvalError(f"an evaluation worker died (exit code {dead[0].exitcode})") from None
-                continue
-            if kind == "error":
-                raise EvalError(f"agent {config.agent} failed in a worker: {payload.strip()}")
-            if kind == "ready":
-                yield None, time.perf_counter() - spawned
-            elif kind == "episode":
-                yield payload, 0.0
-            else:
-                done += 1
-    finally:
+    # one on-disk copy of the staged base, written once, attached read-only by every worker
+    with staged_database(config.benchmark / "staged") as staged_file:
+        workers = [context.Process(target=_worker, args=(os.getpid(), config, staged_file, tasks, out), daemon=True)
+                   for _ in range(n)]
+        spawned = time.perf_counter()
         for w in workers:
-            if w.is_alive():
-                w.terminate()
-        for w in workers:
-            w.join()
-        tasks.cancel_join_thread()
+            w.start()
+        try:
+            done = 0
+            while done < n:
+                try:
+                    kind, payload = out.get(timeout=1.0)
+                except queue.Empty:
+                    if dead := [w for w in workers if not w.is_alive() and w.exitcode != 0]:
+                        raise EvalError(f"an evaluation worker died (exit code {dead[0].exitcode})") from None
+                    continue
+                if kind == "error":
+                    raise EvalError(f"agent {config.agent} failed in a worker: {payload.strip()}")
+                if kind == "ready":
+                    yield None, time.perf_counter() - spawned
+                elif kind == "episode":
+                    yield payload, 0.0
+                else:
+                    done += 1
+        finally:
+            for w in workers:
+                if w.is_alive():
+                    w.terminate()
+            for w in workers:
+                w.join()
+            tasks.cancel_join_thread()

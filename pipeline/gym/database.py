@@ -1,7 +1,10 @@
 """A built benchmark opened once per process, and each episode's guarded view of it.
 
-The staged base and every pair's overlay are loaded once into one
-:class:`pipeline.noise.overlay.Database`. Agent queries never run on its own views (those carry
+Every pair's overlay is loaded once into one :class:`pipeline.noise.overlay.Database`, over the
+staged base attached read-only from a :func:`~pipeline.staging.staged_database` file: the
+evaluation runner writes one that all its workers share, and a process opening a benchmark on
+its own writes one for its lifetime. No process holds a copy of the base; each caches the blocks
+it reads within its memory cap. Agent queries never run on its own views (those carry
 ``_rid``): every agent-facing table is a view ``SELECT * EXCLUDE (_rid)``, in schema ``clean``
 over the base table, and in schema ``noisy_<table>`` over the overlay view of each table some
 overlay touches. Each Env has its own DuckDB cursor whose ``overlay_id`` variable is its pair's
@@ -13,6 +16,8 @@ loading, no spill directory, a memory cap, and the configuration locked.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import re
 import threading
@@ -31,6 +36,7 @@ import pyarrow.parquet as pq
 from pipeline.gym.guard import check
 from pipeline.noise.overlay import Database, changes_from_records
 from pipeline.schema import ROW_ID, TABLES
+from pipeline.staging import staged_database
 
 CLEAN_SCHEMA = "clean"
 NOISY_PREFIX = "noisy_"
@@ -74,19 +80,27 @@ class Benchmark:
     _lock: ClassVar[threading.Lock] = threading.Lock()
 
     @classmethod
-    def open(cls, folder: str | os.PathLike, sql_memory_mb: int) -> Benchmark:
+    def open(cls, folder: str | os.PathLike, sql_memory_mb: int,
+             staged_file: str | os.PathLike | None = None) -> Benchmark:
+        """The process's one Benchmark of ``folder``, opened on first use (over ``staged_file``
+        when given: a :func:`~pipeline.staging.staged_database` of ``folder/staged``)."""
         path = Path(folder).resolve()
         with cls._lock:
             if path not in cls._open:
-                cls._open[path] = cls(path, sql_memory_mb)
+                cls._open[path] = cls(path, sql_memory_mb, staged_file)
             return cls._open[path]
 
-    def __init__(self, folder: Path, sql_memory_mb: int):
+    def __init__(self, folder: Path, sql_memory_mb: int, staged_file: str | os.PathLike | None = None):
         missing = [n for n in NEEDED if not (folder / n).exists()]
         if missing:
             raise FileNotFoundError(f"benchmark folder {folder} lacks {', '.join(missing)}: "
                                     "build one with `ehr-robustgym build`")
         self.folder = folder
+        if staged_file is None:  # this process's own, deleted when it exits
+            owned = contextlib.ExitStack()
+            staged_file = owned.enter_context(staged_database(folder / "staged"))
+            atexit.register(owned.close)
+        self.staged_file = Path(staged_file)
         names = [f for f in Pair.__dataclass_fields__]
         self.pairs: dict[str, Pair] = {
             r["pair_id"]: Pair(**{k: r[k] for k in names})
@@ -98,7 +112,7 @@ class Benchmark:
         self.overlay_ids = {pid: i + 1 for i, pid in enumerate(sorted(by_pair))}
         self.search_paths = {pid: ",".join([*sorted({NOISY_PREFIX + r["table_name"] for r in rows}), CLEAN_SCHEMA])
                              for pid, rows in by_pair.items()}
-        self.db = Database(folder / "staged")
+        self.db = Database(folder / "staged", staged_file=staged_file)
         self.db.load({self.overlay_ids[pid]: changes_from_records(rows) for pid, rows in by_pair.items()})
         self.tables = {t: [(c.name, c.type) for c in TABLES[t].columns] for t in self.db.tables}
         con = self.db.con

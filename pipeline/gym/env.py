@@ -187,7 +187,8 @@ class Env:
             self._stop_worker()
         if self._worker is None:
             folder = self.benchmark.folder
-            self._worker = Worker([folder, Path(os.path.realpath(folder / "staged"))], self.limits)
+            self._worker = Worker([folder, Path(os.path.realpath(folder / "staged")), self.benchmark.staged_file],
+                                  self.limits)
         return self._worker
 
     def python_sql(self, query: str) -> pa.Table:

@@ -29,7 +29,7 @@ class Limits(BaseModel):
     sql_seconds: float = Field(default=5.0, gt=0, description="wall time of one SQL query; the query is interrupted")
     sql_rows: int = Field(default=50, ge=1, description="rows shown by the sql tool")
     output_bytes: int = Field(default=8_000, ge=256, description="bytes of text one tool call returns")
-    sql_memory_mb: int = Field(default=2_048, ge=64, description="DuckDB memory beyond the loaded base (per process)")
+    sql_memory_mb: int = Field(default=2_048, ge=64, description="DuckDB memory beyond the overlays, per process")
     python_seconds: float = Field(default=20.0, gt=0, description="wall time of one python call; its worker is killed")
     python_cpu_seconds: int = Field(default=120, ge=1, description="CPU time of one python worker over its life")
     python_memory_mb: int = Field(default=2_048, ge=256, description="address space of the python worker")
