@@ -9,7 +9,7 @@ exact. Prints one line per size as it finishes, then a table with each size's to
 and peak summed RSS as a ratio to the first (smallest) size's. Outputs go to a temporary folder
 (or --out) and are deleted after each size unless --keep. Linux only (reads /proc).
 
-    python bench/bench_build.py [--sizes 1000,10000,100000] [--workers N] [--seed 0] [--out DIR] [--keep]
+    python bench/bench_build.py [--sizes 1000,10000,100000] [--workers N] [--seed 0] [--out DIR] [--keep] [--profile]
 
 The default sizes take long on a small machine (1,000 patients alone is about 5 minutes on 2 cores):
 try small sizes first.
@@ -53,7 +53,7 @@ def run_child(patients: int, seed: int, workers: int | None, out: Path, summary:
     marker.write_text(STAGES[0])
     report = build("synthetic", out, seed, patients=patients, workers=workers, log=log)
     summary.write_text(json.dumps({"rows": report.stage.total_rows, "timings": report.timings,
-                                   "pairs": report.manifest["counts"]["pairs"]}))
+                                   "pairs": report.manifest["counts"]["pairs"], "profile": report.profile()}))
 
 
 def process_tree(root: int) -> list[int]:
@@ -150,6 +150,8 @@ def measure(patients: int, args: argparse.Namespace, folder: Path) -> dict | Non
     for name, (own, workers, largest) in sampler.by_stage.items():
         print(f"    {name:<10} peak RSS: build process {own / MB:,.0f} MB, workers {workers / MB:,.0f} MB "
               f"(largest {largest / MB:,.0f} MB)", flush=True)
+    if args.profile:
+        print(result["profile"], flush=True)
     return result
 
 
@@ -172,6 +174,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="folder for the builds (default: a temporary one)")
     parser.add_argument("--keep", action="store_true", help="keep each size's benchmark folder")
+    parser.add_argument("--profile", action="store_true", help="print each size's time by stage, operator and check")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--summary", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -49,6 +49,10 @@ class SettingError(ValueError):
     """An environment setting the build cannot use; the message names the variable."""
 
 
+class MemoryBudgetError(SettingError):
+    """DuckDB ran out of the memory budget (:func:`memory_limit`) on a query the data needs."""
+
+
 def staged_path(staged_dir: str | os.PathLike, table_name: str) -> Path:
     return Path(staged_dir) / f"{table_name}.parquet"
 

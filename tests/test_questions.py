@@ -215,3 +215,22 @@ def test_every_template_yields_on_synthetic(tmp_path):
     assert not report.skipped
     empty = [t.id for t in TEMPLATES if report.questions.get(t.id, 0) < 1]
     assert not empty, empty
+
+
+def test_running_out_of_memory_fails_the_template_instead_of_skipping_it(demo_staged):
+    """A skipped template would make what a build ships depend on the machine's memory and the
+    worker count: running out of DuckDB's budget is an error naming the setting to raise."""
+    from pipeline.questions.generate import _template_result
+    from pipeline.staging import MemoryBudgetError, staged_database
+
+    template = next(t for t in TEMPLATES if t.id == "lab_avg_first_value_age_group")
+    with staged_database(demo_staged) as path:
+        con, present = open_staged(demo_staged, staged_file=path)
+        try:
+            con.execute("SET memory_limit = '1MB'").fetchall()
+            with pytest.raises(MemoryBudgetError, match="lab_avg_first_value_age_group.*EHR_ROBUSTGYM_DUCKDB_MEMORY"):
+                _template_result(con, present, template, 0, PER_TEMPLATE)
+            con.execute("SET memory_limit = '1GB'").fetchall()
+            assert _template_result(con, present, template, 0, PER_TEMPLATE).skipped is None
+        finally:
+            con.close()

@@ -31,7 +31,14 @@ from pipeline.questions.evidence import check_evidence
 from pipeline.questions.samplers import SAMPLERS
 from pipeline.questions.templates import Template, load_templates, render
 from pipeline.sql import register_macros
-from pipeline.staging import attach_database, attach_staged, configure, staged_database, staged_tables
+from pipeline.staging import (
+    MemoryBudgetError,
+    attach_database,
+    attach_staged,
+    configure,
+    staged_database,
+    staged_tables,
+)
 from pipeline.workers import worker_pool
 
 DEFAULT_PER_TEMPLATE = 40
@@ -196,6 +203,10 @@ def _template_result(con, present: set[str], t: Template, seed: int, per_templat
             size = need if not start else -(-need * start // max(len(kept), 1))
             kept += _evaluate(con, t, pairs[start:start + size], present, rejected)
             start += size
+    except duckdb.OutOfMemoryException as exc:  # the machine's limit, not the template's: skipping the
+        # template would make what a build ships depend on the memory of the machine and the worker count
+        raise MemoryBudgetError(f"template {t.id!r}: DuckDB ran out of its memory budget "
+                                f"({str(exc).splitlines()[0]}); set EHR_ROBUSTGYM_DUCKDB_MEMORY higher") from exc
     except duckdb.Error as exc:
         return _Result(t.id, skipped=f"SQL error: {str(exc).splitlines()[0]}")
     except Exception as exc:  # a worker's traceback would not say which template failed
