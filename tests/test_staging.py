@@ -217,6 +217,7 @@ def test_staged_database_is_shared_read_only_and_removed_after(demo_staged, tmp_
                 db.close()
     assert not path.parent.exists()
     assert memory_limit(4) == "715MiB"
+    assert (memory_limit(1, at_most_mib=1024), memory_limit(4, at_most_mib=1024)) == ("1024MiB", "715MiB")
 
 
 def _one_deleted_lab(db):
