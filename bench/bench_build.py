@@ -41,11 +41,11 @@ def run_child(patients: int, seed: int, workers: int | None, out: Path, summary:
     """In the child process: build, then write what the parent reports."""
     from pipeline.build import build
 
-    marker = summary.with_suffix(".stage")
+    marker = stage_marker(summary)
 
     def log(line: str) -> None:
-        finished = line.split(":", 1)[0]
-        if finished in STAGES:  # tell the sampler which stage runs now
+        finished, _, rest = line.partition(": ")
+        if finished in STAGES and rest.startswith("done"):  # tell the sampler which stage runs now
             marker.write_text(STAGES[STAGES.index(finished) + 1] if finished != STAGES[-1] else finished)
         if sys.stdout.isatty():
             print(f"  [{patients:,} patients] {line}", flush=True)
@@ -54,6 +54,11 @@ def run_child(patients: int, seed: int, workers: int | None, out: Path, summary:
     report = build("synthetic", out, seed, patients=patients, workers=workers, log=log)
     summary.write_text(json.dumps({"rows": report.stage.total_rows, "timings": report.timings,
                                    "pairs": report.manifest["counts"]["pairs"], "profile": report.profile()}))
+
+
+def stage_marker(summary: Path) -> Path:
+    """The file in which the child names the build stage running now, for the parent's sampler."""
+    return summary.with_suffix(".stage")
 
 
 def process_tree(root: int) -> list[int]:
@@ -119,7 +124,7 @@ def measure(patients: int, args: argparse.Namespace, folder: Path) -> dict | Non
         command += ["--workers", str(args.workers)]
     start = time.perf_counter()
     child = subprocess.Popen(command)
-    sampler = TreeSampler(child.pid, summary.with_suffix(".stage"))
+    sampler = TreeSampler(child.pid, stage_marker(summary))
     sampler.start()
     try:
         _, status, usage = os.wait4(child.pid, 0)  # rusage of the child and its reaped descendants
@@ -140,7 +145,7 @@ def measure(patients: int, args: argparse.Namespace, folder: Path) -> dict | Non
         if not args.keep:
             shutil.rmtree(out, ignore_errors=True)
             summary.unlink(missing_ok=True)
-        summary.with_suffix(".stage").unlink(missing_ok=True)
+        sampler.stage.unlink(missing_ok=True)
     result.update(patients=patients, wall=wall, total=sum(result["timings"].values()), peak_sum=sampler.peak_sum,
                   peak_one=max(usage.ru_maxrss * 1024, sampler.peak_one), processes=sampler.peak_processes)
     print(f"{patients:>9,} patients: {result['rows']:,} rows staged, {result['pairs']:,} pairs, build "
