@@ -256,3 +256,27 @@ def test_a_key_value_folder_in_the_path_adds_no_column(demo_staged, tmp_path):
     con = duckdb.connect()
     attach_staged(con, folder, tables=["patients"])
     assert con.sql("SELECT * FROM patients").columns == pq.read_schema(folder / "patients.parquet").names
+
+
+def test_loaded_tables_store_a_patient_s_rows_together(demo_staged):
+    """The staged file keeps the source's order (the demo's labs are not by patient); the shared
+    database and in-memory loads store rows by patient, then _rid, so zone maps can skip to one
+    patient's row groups. A table without patients keeps _rid order."""
+    from pipeline.noise.overlay import Database
+    from pipeline.staging import staged_database
+
+    source = duckdb.sql(f"SELECT subject_id FROM read_parquet('{staged_path(demo_staged, 'labevents')}') "
+                        "ORDER BY _rid").fetchall()
+    assert source != sorted(source)
+    with staged_database(demo_staged) as path:
+        con = duckdb.connect(str(path), read_only=True)
+        labs = con.sql("SELECT subject_id, _rid FROM labevents ORDER BY rowid").fetchall()
+        items = con.sql("SELECT _rid FROM d_labitems ORDER BY rowid").fetchall()
+        con.close()
+    assert labs == sorted(labs) and len(labs) == DEMO_ROWS["labevents"]
+    assert items == sorted(items)
+    loaded = Database(demo_staged, tables=["labevents"])
+    try:
+        assert loaded.rows("SELECT subject_id, _rid FROM base.labevents ORDER BY rowid") == labs
+    finally:
+        loaded.close()
