@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import datetime as dt
 
+import duckdb
 import pyarrow as pa
 import pytest
 
 from pipeline.noise.candidates import operator_rng
 from pipeline.noise.model import AMBIGUOUS, CleanQuestion, OperatorParams, answer_of
 from pipeline.noise.operators import OPERATORS
+from pipeline.noise.operators.common import relinked
 from pipeline.noise.overlay import Database
 from pipeline.noise.verify import failed_checks, verify_candidates
 from pipeline.plausibility import register_bounds
@@ -239,6 +241,47 @@ def test_orphan_link_abstains_when_several_stays_fit(world):
     """A diagnosis has no time; P1 had two admissions: the row cannot be placed."""
     cand, rec = checked(world, "dx_count_p1", "orphan_link")
     assert (cand.expected_behavior, cand.expected_answer, rec["naive_answer"]) == ("abstain", None, "1")
+
+
+
+def test_relinked_matches_its_per_row_definition():
+    """relinked() joins each row to its patient's stays in a list; it must give each row exactly
+    what the rule says, written here as the per-row look-up it replaces: a link naming a stay of
+    the row's patient (or NULL) is kept, any other becomes the one stay containing the row's time
+    (an admission from its ED registration), NULL when none or several do."""
+    con = duckdb.connect()
+    con.execute("CREATE TABLE admissions AS SELECT * FROM (VALUES "
+                "(1, 11, TIMESTAMP '2150-01-01 08:00', TIMESTAMP '2150-01-06 12:00', NULL::TIMESTAMP), "
+                "(1, 12, TIMESTAMP '2151-03-01 10:00', TIMESTAMP '2151-03-04 10:00', TIMESTAMP '2151-02-28 22:00'), "
+                "(2, 21, TIMESTAMP '2160-05-01 09:00', TIMESTAMP '2160-05-10 09:00', NULL), "
+                "(2, 22, TIMESTAMP '2160-05-08 09:00', TIMESTAMP '2160-05-20 09:00', NULL), "
+                "(4, 41, TIMESTAMP '2170-01-01 00:00', TIMESTAMP '2170-01-02 00:00', NULL), "
+                "(4, 41, TIMESTAMP '2170-01-01 00:00', TIMESTAMP '2170-01-02 00:00', NULL)"
+                ") v(subject_id, hadm_id, admittime, dischtime, edregtime)")
+    con.execute("CREATE TABLE labevents AS SELECT * FROM (VALUES "
+                "(0, 1, 11, TIMESTAMP '2150-01-02 06:00'),"  # its own stay: kept
+                "(1, 1, NULL, TIMESTAMP '2150-01-02 06:00'),"  # no link: kept NULL
+                "(2, 1, 99, TIMESTAMP '2150-01-03 06:00'),"  # dangling, one stay fits: 11
+                "(3, 1, 21, TIMESTAMP '2151-02-28 23:00'),"  # another patient's stay; fits 12 by its ED time
+                "(4, 1, 99, TIMESTAMP '2152-01-01 00:00'),"  # no stay fits: NULL
+                "(5, 1, 99, NULL),"  # no time to place it: NULL
+                "(6, 2, 99, TIMESTAMP '2160-05-09 00:00'),"  # two overlapping stays fit: NULL
+                "(7, 2, 99, TIMESTAMP '2160-05-15 00:00'),"  # only the second fits: 22
+                "(8, 3, 99, TIMESTAMP '2160-05-15 00:00'),"  # a patient without stays: NULL
+                "(9, 4, 99, TIMESTAMP '2170-01-01 12:00')"  # the one stay, recorded twice: NULL
+                ") v(_rid, subject_id, hadm_id, charttime)")
+    per_row = ("SELECT t._rid, CASE WHEN t.hadm_id IS NULL OR EXISTS (SELECT 1 FROM admissions p WHERE "
+               "p.hadm_id = t.hadm_id AND p.subject_id = t.subject_id) THEN t.hadm_id ELSE (SELECT CASE WHEN "
+               "count(*) = 1 THEN min(p.hadm_id) END FROM admissions p WHERE p.subject_id = t.subject_id AND "
+               "t.charttime BETWEEN least(p.admittime, coalesce(p.edregtime, p.admittime)) AND p.dischtime) END "
+               "FROM labevents t ORDER BY 1")
+    listed = f"SELECT _rid, hadm_id FROM ({relinked('labevents', 'charttime')}) ORDER BY 1"
+    expected = [(0, 11), (1, None), (2, 11), (3, 12), (4, None), (5, None), (6, None), (7, 22), (8, None), (9, None)]
+    assert con.execute(per_row).fetchall() == expected
+    assert con.execute(listed).fetchall() == expected
+    untimed = f"SELECT _rid, hadm_id FROM ({relinked('diagnoses_icd', None, source='labevents')}) ORDER BY 1"
+    assert [h for _, h in con.execute(untimed).fetchall()] == [11, None, None, None, None, None, None, None, None,
+                                                                None]  # rows without a time: only sole stays fit
 
 
 # ---- time_displaced: the row set aside; abstain when nothing remains; no pair when immaterial

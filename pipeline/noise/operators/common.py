@@ -112,11 +112,21 @@ def stay_known(link: str, parent: str) -> str:
 def relinked(table: str, time: str | None, source: str | None = None) -> str:
     """``table`` (its rows read from ``source``) with each link naming no stay of the row's patient
     replaced by the one stay that fits the row (NULL when none or several do): the ``orphan_link``
-    operator's recovery and the checking agent's repair, one rule for both."""
+    operator's recovery and the checking agent's repair, one rule for both.
+
+    Each row is joined to its patient's stays, gathered in a list, rather than looking them up with
+    correlated subqueries: DuckDB evaluates those for every row of the table before a question's
+    own filter applies (10,000 patients: 1.5 s for one patient's labs), while a filter on the
+    patient passes through the join (5 ms)."""
     link, parent = linked_stay(table)
-    return (f"SELECT t.* REPLACE (CASE WHEN t.{link} IS NULL OR {stay_known(link, parent)} THEN t.{link} ELSE "
-            f"(SELECT CASE WHEN count(*) = 1 THEN min(p.{link}) END FROM {parent} p WHERE {stay_fits(table, time)}) "
-            f"END AS {link}) FROM {source or table} t")
+    _, start, end = STAYS[parent]
+    fits = inside(table, time, "s.since", "s.until") if time else "true"
+    fitting = f"list_filter(p.stays, lambda s: {fits})"
+    return (f"SELECT t.* REPLACE (CASE WHEN t.{link} IS NULL OR list_contains(p.{link}s, t.{link}) THEN t.{link} "
+            f"WHEN len({fitting}) = 1 THEN {fitting}[1].{link} END AS {link}) "
+            f"FROM {source or table} t LEFT JOIN (SELECT p.subject_id, list(p.{link}) AS {link}s, "
+            f"list({{{link}: p.{link}, since: {start}, until: {end}}}) AS stays FROM {parent} p "
+            f"GROUP BY p.subject_id) p ON p.subject_id = t.subject_id")
 
 
 def copy_row(db: Database, table: str, row: dict, offset: int = 0, **changes) -> Change:

@@ -181,7 +181,7 @@ def orphan_link(db, q, params, rng):
     dangling = int(top) + int(rng.integers(1, 1000))
     overlay = Overlay([update(table, row, link, dangling)])
     fitting = db.scalar(f"SELECT count(*) FROM base.{parent} p, base.{table} t WHERE t.{ROW_ID} = {row[ROW_ID]} "
-                        f"AND {stay_fits(table, time)}")
+                        f"AND t.subject_id = {row['subject_id']} AND {stay_fits(table, time)}")
     sql = restricted(q.gold_sql, table, relinked(table, time)) if fitting == 1 else None
     expected = recovered(db, q, overlay, sql) if sql else None
     return record_proposal(q, overlay, "flag" if sql else "abstain", expected, "orphan_link",
