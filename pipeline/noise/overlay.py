@@ -24,6 +24,7 @@ import duckdb
 import pyarrow as pa
 
 from pipeline.schema import ROW_ID, TABLES
+from pipeline.sql import register_macros
 from pipeline.staging import attach_database, attach_staged, configure
 
 
@@ -94,6 +95,7 @@ class Database:
         # Many small queries: one thread avoids scheduling overhead that dwarfs their work.
         self.con = duckdb.connect(config={"threads": 1})
         configure(self.con, processes)
+        register_macros(self.con)
         self.con.execute("CREATE SCHEMA patch").fetchall()
         self.shared = staged_file is not None
         if staged_file is not None:

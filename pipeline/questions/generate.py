@@ -30,6 +30,7 @@ from pipeline.questions.answers import AnswerError, normalise
 from pipeline.questions.evidence import check_evidence
 from pipeline.questions.samplers import SAMPLERS
 from pipeline.questions.templates import Template, load_templates, render
+from pipeline.sql import register_macros
 from pipeline.staging import (
     MemoryBudgetError,
     attach_database,
@@ -84,6 +85,7 @@ def open_staged(staged_dir: str | os.PathLike, staged_file: str | os.PathLike | 
     read from it, shared by every worker and cached within this process's memory limit."""
     con = duckdb.connect()
     configure(con, processes)
+    register_macros(con)
     if staged_file is None:
         present = set(attach_staged(con, staged_dir, kind="TABLE", tables=staged_tables(staged_dir)))
     else:
