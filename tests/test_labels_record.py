@@ -15,10 +15,11 @@ import duckdb
 import pyarrow as pa
 import pytest
 
+from pipeline.gym import guard
 from pipeline.noise.candidates import operator_rng
 from pipeline.noise.model import AMBIGUOUS, CleanQuestion, OperatorParams, answer_of
 from pipeline.noise.operators import OPERATORS
-from pipeline.noise.operators.common import relinked
+from pipeline.noise.operators.common import relinked, restricted
 from pipeline.noise.overlay import Database
 from pipeline.noise.verify import failed_checks, verify_candidates
 from pipeline.plausibility import register_bounds
@@ -282,6 +283,8 @@ def test_relinked_matches_its_per_row_definition():
     untimed = f"SELECT _rid, hadm_id FROM ({relinked('diagnoses_icd', None, source='labevents')}) ORDER BY 1"
     assert [h for _, h in con.execute(untimed).fetchall()] == [11, None, None, None, None, None, None, None, None,
                                                                 None]  # rows without a time: only sole stays fit
+    # an agent in the gym may run the recovery SQL a pair publishes: the guard lets it through
+    guard.check(restricted("SELECT count(*) FROM labevents", "labevents", relinked("labevents", "charttime")))
 
 
 # ---- time_displaced: the row set aside; abstain when nothing remains; no pair when immaterial

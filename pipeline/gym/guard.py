@@ -42,7 +42,9 @@ _FUNCTIONS = (
     "Hour", "LastDay", "Minute", "Month", "Monthname", "Quarter", "Second", "StrToTime",
     "TimeToStr", "TimeToUnix", "TimestampFromParts", "UnixToTime", "Week",
     # lists
-    "Array", "ArrayContains", "ArrayDistinct", "ArraySize", "ArraySort", "ArrayToString",
+    "Array", "ArrayContains", "ArrayDistinct", "ArrayFilter", "ArraySize", "ArraySort", "ArrayToString",
+    # structs (the orphan_link recovery gathers a patient's stays as a list of them)
+    "Struct",
 )
 ALLOWED_FUNCTIONS: frozenset[type] = frozenset(getattr(exp, name) for name in _FUNCTIONS)
 
