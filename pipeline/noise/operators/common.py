@@ -34,6 +34,13 @@ def pick(rng: np.random.Generator, items: list):
     return items[int(rng.integers(len(items)))] if items else None
 
 
+def pick_evidence_row(db: Database, q: CleanQuestion, rng: np.random.Generator) -> dict | None:
+    """``pick(rng, evidence_rows(db, q))``, fetching only the row drawn: a population question's
+    evidence can be 100,000 rows (2.7 s to fetch at 10,000 patients) of which one is used."""
+    rid = pick(rng, sorted(set(q.evidence_rids())))
+    return None if rid is None else db.base_rows(q.evidence_table, [rid])[0]
+
+
 def gold_answer(db: Database, q: CleanQuestion, overlay: Overlay | None = None, sql: str | None = None) -> str | None:
     """The question's gold SQL (or ``sql``) answered on the base, or with ``overlay`` applied."""
     sql = sql or q.gold_sql

@@ -19,6 +19,7 @@ from pipeline.noise.operators.common import (
     has_column,
     inside,
     pick,
+    pick_evidence_row,
     record_proposal,
     recovered,
     relinked,
@@ -99,7 +100,7 @@ def duplicate_exact(db, q, params, rng):
     """Insert a second record of one evidence event (its own row id, every other cell equal); the
     analyst de-duplicates on the event key and value and answers."""
     table = q.evidence_table
-    row = pick(rng, evidence_rows(db, q))
+    row = pick_evidence_row(db, q, rng)
     if row is None or table not in RULES:
         return None
     change = copy_row(db, table, row, **fresh_key(db, table, row))
