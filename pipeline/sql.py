@@ -34,5 +34,6 @@ FAST_YEAR = "CREATE OR REPLACE MACRO main.year(x) AS date_part('year', x)"
 
 
 def register_macros(con) -> None:
-    """Functions the project's SQL reads the same, planned faster: on every connection that runs it."""
+    """Functions the project's SQL reads the same, planned faster: on the connections that run the
+    templates' SQL thousands of times (question generation, and overlays in the build and the gym)."""
     con.execute(FAST_YEAR).fetchall()

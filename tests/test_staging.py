@@ -280,3 +280,27 @@ def test_loaded_tables_store_a_patient_s_rows_together(demo_staged):
         assert loaded.rows("SELECT subject_id, _rid FROM base.labevents ORDER BY rowid") == labs
     finally:
         loaded.close()
+
+
+def test_base_rows_narrow_by_patient_fall_back_and_cache(demo_staged):
+    """base_rows gives the same rows with or without the patient hint (a row of another patient is
+    still found), reads each row from DuckDB once, and hands out copies the caller may change."""
+    from pipeline.noise.overlay import Database
+
+    db = Database(demo_staged, tables=["labevents"])
+    try:
+        first, other = db.rows("SELECT min(_rid), max(_rid) FROM base.labevents")[0]
+        subject = db.scalar(f"SELECT subject_id FROM base.labevents WHERE _rid = {first}")
+        assert db.scalar(f"SELECT subject_id FROM base.labevents WHERE _rid = {other}") != subject
+        mine = [r for (r,) in db.rows(f"SELECT _rid FROM base.labevents WHERE subject_id = {subject} LIMIT 5")]
+        wanted = [other, *mine, mine[0]]
+        fresh = Database(demo_staged, tables=["labevents"])
+        plain = fresh.base_rows("labevents", wanted)
+        fresh.close()
+        hinted = db.base_rows("labevents", wanted, subject=subject)
+        assert hinted == plain and [r["_rid"] for r in hinted] == sorted({other, *mine})
+        hinted[0]["valuenum"] = -1.0
+        db.records = None  # any further read from DuckDB would fail: the rows must come from the cache
+        assert db.base_rows("labevents", wanted, subject=subject) == plain
+    finally:
+        db.close()

@@ -85,6 +85,7 @@ class Database:
     CLEAN = -1
     PURGE_BATCH = 256
     MEMO_ROWS = 256  # larger results are asked again rather than held: a memo's memory stays small
+    ROW_CACHE = 8192  # base rows kept by (table, _rid) for :meth:`base_rows` (a few MB)
 
     def __init__(self, staged_dir: str | os.PathLike, tables: Iterable[str] | None = None,
                  staged_file: str | os.PathLike | None = None, processes: int = 1):
@@ -114,6 +115,7 @@ class Database:
         self._active: int | None = None
         self._memo: dict | None = None
         self._deferred: tuple[int, Overlay] | None = None  # a memoized noisy block's overlay, not loaded yet
+        self._row_cache: dict[tuple[str, int], dict] = {}
         self.use(self.CLEAN)
         self.next_rid = {t: self.scalar(f"SELECT coalesce(max({ROW_ID}), -1) + 1 FROM base.{t}") for t in self.tables}
 
@@ -181,14 +183,33 @@ class Database:
         rows = self.rows(sql)
         return rows[0][0] if rows else None
 
-    def base_rows(self, table: str, rids: Iterable[int]) -> list[dict]:
-        rids = sorted(set(rids))
-        if not rids:
-            return []
-        # the range lets zone maps skip to the rows (a shared base has no _rid index): 8x at 10,000 patients
-        return self.records(f"SELECT * FROM base.{table} WHERE {ROW_ID} IN ({', '.join(map(str, rids))}) "
-                            f"AND {ROW_ID} BETWEEN {rids[0]} AND {rids[-1]} "
-                            f"ORDER BY {ROW_ID}")
+    def base_rows(self, table: str, rids: Iterable[int], subject: int | None = None) -> list[dict]:
+        """Rows of the base ``table`` with these ``_rid``s, in ``_rid`` order (fresh dicts).
+
+        Base rows never change, so rows read before come from a bounded cache: an overlay patches
+        the rows its operator just read, and each operator of a question reads the same evidence.
+        Tables are stored by patient (:func:`~pipeline.staging.stored_order`), so a lookup by
+        ``_rid`` alone scans the table; ``subject``, the patient the rows should belong to, lets
+        zone maps skip to them (rows not found under it are then looked up without)."""
+        wanted = sorted(set(rids))
+        found = {r: row for r in wanted if (row := self._row_cache.get((table, r))) is not None}
+        missing = [r for r in wanted if r not in found]
+        if missing and subject is not None and TABLES[table].has("subject_id"):
+            found.update(self._read_base(table, missing, f"subject_id = {int(subject)}"))
+            missing = [r for r in missing if r not in found]
+        if missing:
+            found.update(self._read_base(table, missing))
+        return [dict(found[r]) for r in wanted if r in found]
+
+    def _read_base(self, table: str, rids: list[int], where: str | None = None) -> dict[int, dict]:
+        # the range lets zone maps skip where _rid follows the stored order (a shared base has no _rid index)
+        rows = self.records(f"SELECT * FROM base.{table} WHERE {f'{where} AND ' if where else ''}"
+                            f"{ROW_ID} IN ({', '.join(map(str, rids))}) AND {ROW_ID} BETWEEN {rids[0]} AND {rids[-1]}")
+        if len(rows) <= self.MEMO_ROWS:  # a population's evidence would only flush the cache
+            if len(self._row_cache) + len(rows) > self.ROW_CACHE:
+                self._row_cache.clear()
+            self._row_cache.update(((table, row[ROW_ID]), row) for row in rows)
+        return {row[ROW_ID]: row for row in rows}
 
     def names(self, dictionary: str, column: str) -> str:
         """A table of the distinct names in ``dictionary.column`` (with lower case and length), built
@@ -287,8 +308,9 @@ class Database:
     def _make_overlayable(self, table: str) -> None:
         if table in self._overlaid:
             return
-        # Patching fetches base rows by _rid: an index keeps that a lookup, not a scan, at any size
-        # (a shared, read-only base is in _rid order, so its zone maps narrow that scan instead).
+        # Patching fetches base rows by _rid: an index keeps one row's look-up from scanning the table
+        # (a shared, read-only base can have none: the rows usually come from base_rows' cache, the
+        # operator having just read them).
         if not self.shared:
             self.con.execute(f"CREATE INDEX {table}_by_rid ON base.{table} ({ROW_ID})").fetchall()
         self.con.execute(f"CREATE TABLE patch.{table}_removed (overlay_id BIGINT, {ROW_ID} BIGINT)").fetchall()

@@ -27,7 +27,13 @@ def time_column(q: CleanQuestion) -> str | None:
 
 def evidence_rows(db: Database, q: CleanQuestion) -> list[dict]:
     """Base rows of the question's evidence in its evidence table, by _rid."""
-    return db.base_rows(q.evidence_table, q.evidence_rids())
+    return db.base_rows(q.evidence_table, q.evidence_rids(), subject=question_patient(q))
+
+
+def question_patient(q: CleanQuestion) -> int | None:
+    """The patient a patient-level question names (its ``subject_id`` slot), else None."""
+    subject = q.slots.get("subject_id")
+    return int(subject) if isinstance(subject, int) or (isinstance(subject, str) and subject.isdigit()) else None
 
 
 def pick(rng: np.random.Generator, items: list):
@@ -38,7 +44,7 @@ def pick_evidence_row(db: Database, q: CleanQuestion, rng: np.random.Generator) 
     """``pick(rng, evidence_rows(db, q))``, fetching only the row drawn: a population question's
     evidence can be 100,000 rows (2.7 s to fetch at 10,000 patients) of which one is used."""
     rid = pick(rng, sorted(set(q.evidence_rids())))
-    return None if rid is None else db.base_rows(q.evidence_table, [rid])[0]
+    return None if rid is None else db.base_rows(q.evidence_table, [rid], subject=question_patient(q))[0]
 
 
 def gold_answer(db: Database, q: CleanQuestion, overlay: Overlay | None = None, sql: str | None = None) -> str | None:

@@ -181,8 +181,9 @@ def orphan_link(db, q, params, rng):
     top = db.scalar(f"SELECT max({link}) FROM base.{parent}")
     dangling = int(top) + int(rng.integers(1, 1000))
     overlay = Overlay([update(table, row, link, dangling)])
+    patient = "" if row.get("subject_id") is None else f"AND t.subject_id = {row['subject_id']} "  # skips to it
     fitting = db.scalar(f"SELECT count(*) FROM base.{parent} p, base.{table} t WHERE t.{ROW_ID} = {row[ROW_ID]} "
-                        f"AND t.subject_id = {row['subject_id']} AND {stay_fits(table, time)}")
+                        f"{patient}AND {stay_fits(table, time)}")
     sql = restricted(q.gold_sql, table, relinked(table, time)) if fitting == 1 else None
     expected = recovered(db, q, overlay, sql) if sql else None
     return record_proposal(q, overlay, "flag" if sql else "abstain", expected, "orphan_link",
