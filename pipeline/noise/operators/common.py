@@ -33,7 +33,7 @@ def evidence_rows(db: Database, q: CleanQuestion) -> list[dict]:
 def question_patient(q: CleanQuestion) -> int | None:
     """The patient a patient-level question names (its ``subject_id`` slot), else None."""
     subject = q.slots.get("subject_id")
-    return int(subject) if isinstance(subject, int) or (isinstance(subject, str) and subject.isdigit()) else None
+    return subject if isinstance(subject, int) else None  # the patient sampler's values are ints
 
 
 def pick(rng: np.random.Generator, items: list):
