@@ -252,7 +252,8 @@ class Database:
     @staticmethod
     def overlaid(table: str) -> str:
         """The qualified name of ``table`` as the active overlay shows it (once an overlay touching
-        ``table`` has been loaded)."""
+        ``table`` has been loaded). Only while an overlay is active: :meth:`use` leaves the views'
+        variable as it was when switching to the clean base, whose tables are ``base.<table>``."""
         return f"{OVERLAY_PREFIX}{table}.{table}"
 
     def load(self, overlays: dict[int, Overlay]) -> None:
