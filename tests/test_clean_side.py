@@ -46,7 +46,12 @@ def group_rows(con, table: str) -> tuple[int, int]:
 
 
 def reasons(con, present, table: str, rid: int, only: set[str] | None = None) -> set[str]:
-    return evidence_violations(con, {0: [(table, rid)]}, present, only).get(0, set())
+    """The reasons found for one row, the same whether the query names the row itself (one
+    candidate's evidence) or joins a registered table of it (a batch's)."""
+    alone = evidence_violations(con, {0: [(table, rid)]}, present, only).get(0, set())
+    batch = evidence_violations(con, {0: [(table, rid)], 1: [(table, rid)]}, present, only)
+    assert batch.get(0, set()) == batch.get(1, set()) == alone
+    return alone
 
 
 SCOPE_PROBLEMS = [

@@ -32,6 +32,10 @@ REASONS = ("no_evidence", "missing_value", "missing_timestamp", "temporal_invers
            "value_text_conflict", "invalid_code", "orphan_link", "time_outside_stay",
            "inverted_in_scope", "outside_stay_in_scope", "several_units", "unlinked_in_stay")
 
+INLINE_ROWS = 64
+"""Evidence rows up to which one candidate's are named in the query itself: registering them as an
+Arrow table and joining it costs more than a noise detector's whole check."""
+
 # the column naming what an event is about, for tables with no itemid
 _ENTITY = {"prescriptions": "drug", "emar": "medication", "microbiologyevents": "test_itemid"}
 
@@ -170,8 +174,10 @@ def evidence_violations(con: duckdb.DuckDBPyConnection, evidence: dict[int, list
     if unknown:
         raise ValueError(f"evidence names table(s) {unknown} that are not staged")
     cand, tables, rids = zip(*rows)
-    con.register("_ev", pa.table({"cand": pa.array(cand, pa.int32()), "table_name": list(tables),
-                                  "_rid": pa.array(rids, pa.int64())}))
+    inline = len(evidence) == 1 and len(rows) <= INLINE_ROWS
+    if not inline:
+        con.register("_ev", pa.table({"cand": pa.array(cand, pa.int32()), "table_name": list(tables),
+                                      "_rid": pa.array(rids, pa.int64())}))
     found: dict[int, set[str]] = {}
     try:
         for table in sorted(set(tables)):
@@ -188,12 +194,18 @@ def evidence_violations(con: duckdb.DuckDBPyConnection, evidence: dict[int, list
                                   JOIN (SELECT cand, count(*) AS n FROM s GROUP BY cand) z USING (cand)
                                   WHERE h.n > {float(material)} * z.n""")
             body = "\nUNION ALL\n".join(checks)
+            if inline:
+                mine = sorted(r for t, r in evidence[cand[0]] if t == table)
+                e = (f"SELECT {int(cand[0])} AS cand, t.* FROM {table} t WHERE t._rid IN ({', '.join(map(str, mine))}) "
+                     f"AND t._rid BETWEEN {mine[0]} AND {mine[-1]}")  # the range lets zone maps skip
+            else:
+                e = f"SELECT ev.cand, t.* FROM _ev ev JOIN {table} t ON t._rid = ev._rid WHERE ev.table_name = '{table}'"
             hits = con.execute(f"""
-                WITH e AS MATERIALIZED (SELECT ev.cand, t.* FROM _ev ev JOIN {table} t ON t._rid = ev._rid
-                                         WHERE ev.table_name = '{table}'){_scope_ctes(table) if scoped else ""}
+                WITH e AS MATERIALIZED ({e}){_scope_ctes(table) if scoped else ""}
                 {body}""").fetchall()
             for c, reason in hits:
                 found.setdefault(c, set()).add(reason)
     finally:
-        con.unregister("_ev")
+        if not inline:
+            con.unregister("_ev")
     return found
