@@ -6,6 +6,7 @@ import datetime as dt
 import re
 
 import numpy as np
+import pyarrow as pa
 
 from pipeline.noise.model import Behavior, CleanQuestion, Detector, Proposal, answer_of
 from pipeline.noise.overlay import Change, Database, Overlay
@@ -40,11 +41,38 @@ def pick(rng: np.random.Generator, items: list):
     return items[int(rng.integers(len(items)))] if items else None
 
 
-def pick_evidence_row(db: Database, q: CleanQuestion, rng: np.random.Generator) -> dict | None:
-    """``pick(rng, evidence_rows(db, q))``, fetching only the row drawn: a population question's
-    evidence can be 100,000 rows (2.7 s to fetch at 10,000 patients) of which one is used."""
-    rid = pick(rng, sorted(set(q.evidence_rids())))
+def evidence_rids(db: Database, q: CleanQuestion, condition: str | None = None) -> list[int]:
+    """The _rids of the question's evidence rows in its evidence table, in order; with ``condition``
+    (SQL over the row's columns), of those rows meeting it on the base only. Filtered in DuckDB: a
+    population question's evidence can be 400,000 rows (10,000 patients), over a gigabyte as
+    Python rows, of which an operator draws one."""
+    rids = sorted(set(q.evidence_rids()))
+    if condition is None or not rids:
+        return rids
+    db.con.register("_evidence_rids", pa.table({ROW_ID: pa.array(rids, pa.int64())}))
+    try:
+        return [rid for rid, in db.con.execute(
+            f"SELECT {ROW_ID} FROM base.{q.evidence_table} SEMI JOIN _evidence_rids USING ({ROW_ID}) "
+            f"WHERE {condition} ORDER BY {ROW_ID}").fetchall()]
+    finally:
+        db.con.unregister("_evidence_rids")
+
+
+def pick_evidence_row(db: Database, q: CleanQuestion, rng: np.random.Generator,
+                      condition: str | None = None) -> dict | None:
+    """``pick(rng, [r for r in evidence_rows(db, q) if condition])``, fetching only the row drawn
+    (see :func:`evidence_rids`)."""
+    rid = pick(rng, evidence_rids(db, q, condition))
     return None if rid is None else db.base_rows(q.evidence_table, [rid], subject=question_patient(q))[0]
+
+
+def numeric(table: str, column: str | None) -> str:
+    """SQL true where ``column`` of ``table`` holds a number Python reads as int or float: never for
+    a column of another type (DECIMAL, BOOLEAN, text) or one the table lacks."""
+    if not has_column(table, column):
+        return "false"
+    kind = TABLES[table].arrow_schema.field(column).type
+    return f"{column} IS NOT NULL" if pa.types.is_integer(kind) or pa.types.is_floating(kind) else "false"
 
 
 def gold_answer(db: Database, q: CleanQuestion, overlay: Overlay | None = None, sql: str | None = None) -> str | None:

@@ -144,8 +144,7 @@ def duplicate_conflict(db, q, params, rng):
     record per event: when either choice gives the same answer it is the answer, otherwise which
     record holds is unknowable and the agent flags the conflict without an answer."""
     table, column = q.evidence_table, value_column(q)
-    rows = [r for r in evidence_rows(db, q) if column and r.get(column) is not None]
-    row = pick(rng, rows)
+    row = pick_evidence_row(db, q, rng, f"{column} IS NOT NULL") if has_column(table, column) else None
     if row is None or table not in RULES or column != RULES[table].value or column in RULES[table].key:
         return None  # the event's identity, or a cell the duplicate check does not compare
     changes = _conflicting(db, table, column, row, rng)
@@ -174,8 +173,8 @@ def orphan_link(db, q, params, rng):
         return None
     link, parent = linked
     time = time_column(q)
-    row = pick(rng, [r for r in evidence_rows(db, q) if r.get(link) is not None
-                     and (time is None or r.get(time) is not None)])
+    timed = "" if time is None else f" AND {time} IS NOT NULL" if has_column(table, time) else " AND false"
+    row = pick_evidence_row(db, q, rng, f"{link} IS NOT NULL{timed}")
     if row is None:
         return None
     top = db.scalar(f"SELECT max({link}) FROM base.{parent}")

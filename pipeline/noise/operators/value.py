@@ -16,7 +16,9 @@ from pipeline.noise.operators.common import (
     evidence_rows,
     has_column,
     icd_reversioned,
+    numeric,
     pick,
+    pick_evidence_row,
     record_proposal,
     recovered,
     restricted,
@@ -163,9 +165,8 @@ def _scaled(db, q, row, column, new, factor, label, bounds, seen):
 def implausible_value(db, q, params, rng):
     """Replace one value with a physiologically impossible one; the analyst sets aside the item's
     values outside its plausibility bounds: flag with what the rest gives (if anything)."""
-    table = q.evidence_table
-    column, rows = _numeric_rows(db, q)
-    row = pick(rng, rows)
+    table, column = q.evidence_table, value_column(q)
+    row = pick_evidence_row(db, q, rng, numeric(table, column))
     if row is None:
         return None
     label = _item_label(db, table, row)
@@ -188,12 +189,11 @@ def implausible_value(db, q, params, rng):
 def unit_label_mismatch(db, q, params, rng):
     """Chart one value in another unit (label and number converted together), unlike the item's
     other rows; the analyst converts that unit back (a public conversion): flag with the result."""
-    table = q.evidence_table
-    column, rows = _numeric_rows(db, q)
+    table, column = q.evidence_table, value_column(q)
     rule = RULES.get(table)
     if not rule or not rule.unit:
         return None
-    row = pick(rng, [r for r in rows if r.get(rule.unit)])
+    row = pick_evidence_row(db, q, rng, f"{numeric(table, column)} AND {rule.unit} <> ''")  # a unit is charted
     if row is None:
         return None
     label = _item_label(db, table, row)
@@ -241,9 +241,9 @@ def invalid_code(db, q, params, rng):
     """Give one evidence row a code its dictionary does not know: an ICD code under the wrong
     version (the analyst reads a code known under one version only under that version: flag with
     the recovered answer), else a mangled code or an itemid that matches nothing (flag, no answer)."""
-    table, rows = q.evidence_table, evidence_rows(db, q)
+    table = q.evidence_table
     rule = RULES.get(table)
-    row = pick(rng, rows)
+    row = pick_evidence_row(db, q, rng)
     if row is None or not rule:
         return None
     if rule.codes and db.has(rule.codes):
