@@ -21,8 +21,11 @@ aggregate). Noise detectors ask for their own reason only, so these never run fo
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipeline.plausibility import PARENT_TIME, RULES, Rule
 from pipeline.schema import TABLES
@@ -149,38 +152,55 @@ def scope_checks(table: str, rule: Rule, present: set[str]) -> list[str]:
     return q
 
 
-def check_evidence(con: duckdb.DuckDBPyConnection, evidence: dict[int, list[tuple[str, int]]],
-                   present: set[str], material: float = 0.0) -> dict[int, str]:
+Evidence = dict[int, list[tuple[str, int]]] | pa.Table
+"""Candidates' evidence rows: ``(table_name, _rid)`` pairs by candidate number, or all of them as a
+table (``cand``, ``table_name``, ``_rid``), as the question stage keeps a population's rows: at
+10,000 patients a template's candidates can rest on millions of rows, a gigabyte as Python tuples."""
+
+
+def check_evidence(con: duckdb.DuckDBPyConnection, evidence: Evidence, present: set[str],
+                   material: float = 0.0, candidates: Iterable[int] = ()) -> dict[int, str]:
     """Reason per rejected candidate (``{cand: reason}``); candidates absent from the result are clean.
-    ``evidence`` maps a candidate number to its ``(table_name, _rid)`` rows; ``material``: see
-    :func:`evidence_violations`."""
-    rejected = {c: "no_evidence" for c, rows in evidence.items() if not rows}
+    A candidate without rows (one of ``evidence``'s keys, or of ``candidates`` for a table) has
+    ``no_evidence``; ``material``: see :func:`evidence_violations`."""
+    if isinstance(evidence, pa.Table):
+        have = set(pc.unique(evidence.column("cand")).to_pylist())
+        rejected = {c: "no_evidence" for c in candidates if c not in have}
+    else:
+        rejected = {c: "no_evidence" for c, rows in evidence.items() if not rows}
     for c, reasons in evidence_violations(con, evidence, present, material=material).items():
         rejected[c] = min(reasons, key=REASONS.index)
     return rejected
 
 
-def evidence_violations(con: duckdb.DuckDBPyConnection, evidence: dict[int, list[tuple[str, int]]],
-                        present: set[str], reasons: set[str] | None = None,
-                        material: float = 0.0) -> dict[int, set[str]]:
+def evidence_violations(con: duckdb.DuckDBPyConnection, evidence: Evidence, present: set[str],
+                        reasons: set[str] | None = None, material: float = 0.0) -> dict[int, set[str]]:
     """Every reason that fires for each candidate's evidence rows; with ``reasons``, only the checks
     that can report one of them run (a noise detector asks for its own reason only). A scope reason
     fires when its rows are more than the ``material`` share of the scope's rows: any row for a
     patient's question; a population aggregate over hundreds of rows is not moved by one of them."""
-    rows = [(c, t, r) for c, ev in evidence.items() for t, r in ev]
-    if not rows:
+    inline = None  # the one candidate whose few rows the queries name themselves
+    if isinstance(evidence, pa.Table):
+        table_names = set(pc.unique(evidence.column("table_name")).to_pylist())
+    else:
+        rows = [(c, t, r) for c, ev in evidence.items() for t, r in ev]
+        table_names = {t for _, t, _ in rows}
+        if len(evidence) == 1 and len(rows) <= INLINE_ROWS:
+            inline = next(iter(evidence))
+        elif rows:
+            cand, tables, rids = zip(*rows)
+            evidence = pa.table({"cand": pa.array(cand, pa.int32()), "table_name": list(tables),
+                                 "_rid": pa.array(rids, pa.int64())})
+    if not table_names:
         return {}
-    unknown = sorted({t for _, t, _ in rows} - set(RULES) - present)
+    unknown = sorted(table_names - set(RULES) - present)
     if unknown:
         raise ValueError(f"evidence names table(s) {unknown} that are not staged")
-    cand, tables, rids = zip(*rows)
-    inline = len(evidence) == 1 and len(rows) <= INLINE_ROWS
-    if not inline:
-        con.register("_ev", pa.table({"cand": pa.array(cand, pa.int32()), "table_name": list(tables),
-                                      "_rid": pa.array(rids, pa.int64())}))
+    if inline is None:
+        con.register("_ev", evidence)
     found: dict[int, set[str]] = {}
     try:
-        for table in sorted(set(tables)):
+        for table in sorted(table_names):
             rule = RULES.get(table)
             if rule is None:
                 continue
@@ -194,9 +214,9 @@ def evidence_violations(con: duckdb.DuckDBPyConnection, evidence: dict[int, list
                                   JOIN (SELECT cand, count(*) AS n FROM s GROUP BY cand) z USING (cand)
                                   WHERE h.n > {float(material)} * z.n""")
             body = "\nUNION ALL\n".join(checks)
-            if inline:
-                mine = sorted(r for t, r in evidence[cand[0]] if t == table)
-                e = (f"SELECT {int(cand[0])} AS cand, t.* FROM {table} t WHERE t._rid IN ({', '.join(map(str, mine))}) "
+            if inline is not None:
+                mine = sorted(r for t, r in evidence[inline] if t == table)
+                e = (f"SELECT {int(inline)} AS cand, t.* FROM {table} t WHERE t._rid IN ({', '.join(map(str, mine))}) "
                      f"AND t._rid BETWEEN {mine[0]} AND {mine[-1]}")  # the range lets zone maps skip
             else:
                 e = f"SELECT ev.cand, t.* FROM _ev ev JOIN {table} t ON t._rid = ev._rid WHERE ev.table_name = '{table}'"
@@ -206,6 +226,6 @@ def evidence_violations(con: duckdb.DuckDBPyConnection, evidence: dict[int, list
             for c, reason in hits:
                 found.setdefault(c, set()).add(reason)
     finally:
-        if not inline:
+        if inline is None:
             con.unregister("_ev")
     return found

@@ -152,18 +152,25 @@ def _evaluate(con, template: Template, cands: list[tuple[dict, int]], present: s
                        answer_type=template.answer_type, answer=answer, slots=slots_json, variant=variant)
     if not rows:
         return []
-    evidence = _batched(con, {i: rendered[i][2] for i in rows}, "table_name, _rid")
-    bad = check_evidence(con, evidence, present, POPULATION_MATERIAL if template.level == "population" else 0.0)
+    union = "\nUNION ALL\n".join(f"SELECT {i} AS cand, table_name, _rid FROM ({rendered[i][2]}) AS q{i}" for i in rows)
+    evidence = con.sql(union).to_arrow_table()  # kept in Arrow: a population's rows can be millions
+    bad = check_evidence(con, evidence, present, POPULATION_MATERIAL if template.level == "population" else 0.0,
+                         candidates=rows)
     rejected.update(bad.values())
-    out = []
-    for i, row in rows.items():
-        if i not in bad:
-            by_table: dict[str, list[int]] = {}
-            for table_name, rid in evidence[i]:
-                by_table.setdefault(table_name, []).append(rid)
-            row["evidence"] = _json({t: sorted(set(r)) for t, r in by_table.items()})
-            out.append(row)
-    return out
+    kept = [i for i in rows if i not in bad]
+    by_candidate: dict[int, dict[str, list[int]]] = {i: {} for i in kept}
+    if kept:
+        con.register("_evidence", evidence)
+        try:
+            for cand, table_name, rids in con.execute(
+                    f"SELECT cand, table_name, list_sort(list_distinct(list(_rid))) FROM _evidence "
+                    f"WHERE cand IN ({', '.join(map(str, kept))}) GROUP BY ALL").fetchall():
+                by_candidate[cand][table_name] = rids
+        finally:
+            con.unregister("_evidence")
+    for i in kept:
+        rows[i]["evidence"] = _json(by_candidate[i])
+    return [rows[i] for i in kept]
 
 
 @dataclass
