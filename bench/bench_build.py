@@ -32,8 +32,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from pipeline.workers import process_tree, resident_bytes  # noqa: E402
+
 STAGES = ("stage", "questions", "noise", "export")
-PAGE = os.sysconf("SC_PAGE_SIZE")
 MB = 1024 * 1024
 
 
@@ -61,32 +62,6 @@ def stage_marker(summary: Path) -> Path:
     return summary.with_suffix(".stage")
 
 
-def process_tree(root: int) -> list[int]:
-    """``root`` and every live descendant, from the ppid links in /proc/*/stat."""
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                stat = Path(entry.path, "stat").read_text()
-            except OSError:  # gone meanwhile
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])  # after "pid (comm)": state, ppid
-            children.setdefault(ppid, []).append(int(entry.name))
-    tree, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        tree.append(pid)
-        todo.extend(children.get(pid, ()))
-    return tree
-
-
-def rss(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
-    except OSError:
-        return 0
-
-
 class TreeSampler(threading.Thread):
     """Peak over time of the summed RSS of a process tree, and of its largest process; and per
     build stage (named in the ``stage`` file the child keeps), the peaks of the build process
@@ -101,7 +76,7 @@ class TreeSampler(threading.Thread):
     def run(self) -> None:
         while not self.done.is_set():
             tree = process_tree(self.root)
-            sizes = [rss(pid) for pid in tree]
+            sizes = [resident_bytes(pid) for pid in tree]
             self.peak_sum = max(self.peak_sum, sum(sizes))
             self.peak_one = max(self.peak_one, max(sizes, default=0))
             self.peak_processes = max(self.peak_processes, sum(s > 0 for s in sizes))

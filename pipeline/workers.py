@@ -13,6 +13,7 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 PARENT_POLL_SECONDS = 0.5
 
@@ -41,3 +42,31 @@ def _watch_parent(parent: int) -> None:
     while os.getppid() == parent:
         event.wait(PARENT_POLL_SECONDS)
     os._exit(1)
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and every live descendant, from the parent links in /proc (Linux): the processes a
+    build runs in, whose memory the benchmark and the scale test add up."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                stat = Path(entry.path, "stat").read_text()
+            except OSError:  # gone meanwhile
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])  # after "pid (comm)": state, ppid
+            children.setdefault(ppid, []).append(int(entry.name))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(children.get(pid, ()))
+    return tree
+
+
+def resident_bytes(pid: int) -> int:
+    """The resident set size of ``pid`` now (0 once it is gone)."""
+    try:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.workers import process_tree
+
 POOL_SCRIPT = """
 import os, sys, time
 from pipeline.workers import worker_pool
@@ -28,18 +30,6 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
     except FileNotFoundError:
         return False
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(") ", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
 
 
 def _gone(pids: list[int], seconds: float = 10.0) -> bool:
@@ -83,7 +73,7 @@ def test_a_build_killed_mid_stage_leaves_no_process_and_reruns_identically(tmp_p
         deadline = time.monotonic() + 600
         workers: list[int] = []
         while time.monotonic() < deadline and build.poll() is None:
-            workers = [p for p in _children(build.pid) if "spawn" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")]
+            workers = [p for p in process_tree(build.pid)[1:] if "spawn" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")]
             if len(workers) >= 2:
                 break
             time.sleep(0.2)
