@@ -11,10 +11,10 @@ import sys
 import time
 from pathlib import Path
 
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from pipeline.noise.verify import failed_checks
 from pipeline.workers import process_tree, resident_bytes
 
 PEAK_BYTES = 4 << 30
@@ -39,6 +39,6 @@ def test_a_10000_patient_build_stays_under_4_gib(tmp_path):
                 build.wait()
     assert build.returncode == 0, log.read_text()
     assert peak <= PEAK_BYTES, f"peak RSS {peak >> 20:,} MiB over the build's processes"
-    pairs = pq.read_table(out / "pairs.parquet", columns=["verified"])
-    assert pairs.num_rows == json.loads((out / "manifest.json").read_text())["counts"]["pairs"] > 1000
-    assert pc.all(pairs["verified"]).as_py()
+    verification = pq.read_table(out / "pairs.parquet", columns=["verification"]).column("verification").to_pylist()
+    assert len(verification) == json.loads((out / "manifest.json").read_text())["counts"]["pairs"] > 1000
+    assert not [v for v in verification if failed_checks(json.loads(v))]  # every shipped pair passed every check
