@@ -102,8 +102,8 @@ MEMORY_SHARE = 0.4
 MEMORY_BUDGET_MIB = 2560
 """The default budget of all a build's DuckDB buffer pools together, whatever the data size: the
 workers read one staged file on disk and the system's page cache keeps it, so a larger pool buys
-little (10,000 patients, 2 workers: 405 s and 3,581 MB peak at this budget, 456 s and 4,096 MB at
-40% of 24 GB)."""
+little (10,000 patients, 2 workers: 405 s and 3,581 MiB peak at this budget, 456 s and 4,096 MiB
+at 40% of 24 GB)."""
 
 
 WRITER_MEMORY_MIB = 1024
@@ -168,7 +168,7 @@ def staged_database(staged_dir: str | os.PathLike) -> Iterator[Path]:
     try:
         # Written by a process of its own: the writer's memory goes back to the system when that
         # process ends, instead of staying with this one's allocator for the rest of the build
-        # (10,000 patients: about 1 GB).
+        # (10,000 patients: the build process held 1,527 MiB in the question stage, now 673-781).
         with worker_pool(1) as writer:
             writer.submit(_write_staged_database, str(staged_dir), tables, str(path)).result()
         yield path

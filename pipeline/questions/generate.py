@@ -108,13 +108,17 @@ def draw_candidates(con, template: Template, rng: np.random.Generator, n: int) -
     return unique, n - len(given)
 
 
-def _batched(con, queries: dict[int, str], columns: str = "*") -> dict[int, list[tuple]]:
-    """Rows of each query, run as one UNION ALL tagged by key: these queries are small and their
-    cost is planning and per-query overhead, which one statement pays far less of than forty."""
-    union = "\nUNION ALL\n".join(f"SELECT {i} AS cand, {columns} FROM ({sql}) AS q{i}"
-                                 for i, sql in queries.items())
+def _union(queries: dict[int, str], columns: str = "*") -> str:
+    """The queries as one UNION ALL, each row tagged with its query's key (``cand``): these queries
+    are small and their cost is planning and per-query overhead, which one statement pays far less
+    of than forty."""
+    return "\nUNION ALL\n".join(f"SELECT {i} AS cand, {columns} FROM ({sql}) AS q{i}" for i, sql in queries.items())
+
+
+def _batched(con, queries: dict[int, str]) -> dict[int, list[tuple]]:
+    """Rows of each query, by key, from one :func:`_union` statement."""
     out: dict[int, list[tuple]] = {i: [] for i in queries}
-    for cand, *row in con.execute(union).fetchall():
+    for cand, *row in con.execute(_union(queries)).fetchall():
         out[cand].append(tuple(row))
     return out
 
@@ -152,8 +156,8 @@ def _evaluate(con, template: Template, cands: list[tuple[dict, int]], present: s
                        answer_type=template.answer_type, answer=answer, slots=slots_json, variant=variant)
     if not rows:
         return []
-    union = "\nUNION ALL\n".join(f"SELECT {i} AS cand, table_name, _rid FROM ({rendered[i][2]}) AS q{i}" for i in rows)
-    evidence = con.sql(union).to_arrow_table()  # kept in Arrow: a population's rows can be millions
+    # kept in Arrow: a population's rows can be millions
+    evidence = con.sql(_union({i: rendered[i][2] for i in rows}, "table_name, _rid")).to_arrow_table()
     bad = check_evidence(con, evidence, present, POPULATION_MATERIAL if template.level == "population" else 0.0,
                          candidates=rows)
     rejected.update(bad.values())
