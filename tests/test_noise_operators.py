@@ -916,3 +916,73 @@ def test_propose_takes_distinct_levels_and_is_deterministic(world):
     assert family not in {(c.question.template.id, c.operator.name) for c in without}
     untouched = [c.fingerprint() for c in first if c.question.template.id != family[0]]
     assert [c.fingerprint() for c in without if c.question.template.id != family[0]] == untouched
+
+
+# ----------------------------------------------------------------------------------------------
+# Operators filter evidence in DuckDB: the rows they may draw are the ones a Python reading of the
+# same rows finds (NaN, zero, blank and odd texts, missing and inverted times, a death time).
+# ----------------------------------------------------------------------------------------------
+EDGE_LABS = [  # (value text, valuenum): rids 0..8
+    ("4.0", 4.0), ("4.0", float("nan")), ("0", 0.0), ("-0", -0.0), (" 2.5 ", 2.5), ("1e1", 10.0),
+    ("1,5", 1.5), ("", 3.0), ("7.0", 6.0),
+]
+EDGE_ADMISSIONS = [  # (admittime, dischtime, deathtime): rids 0..5
+    (T(2150, 1, 1), T(2150, 1, 5), None), (T(2150, 2, 1), T(2150, 1, 30), None),  # 1: already inverted
+    (T(2150, 3, 1), T(2150, 3, 4), T(2150, 3, 4)), (T(2150, 4, 1), None, None),
+    (T(2150, 5, 1), T(2150, 5, 9), None), (T(2150, 5, 1), T(2150, 5, 9), None),  # 4, 5: tie on admittime
+]
+
+
+@pytest.fixture(scope="module")
+def edge_db(tmp_path_factory):
+    out = tmp_path_factory.mktemp("edge_staged")
+    sink = TableSink(out, ("labevents", "admissions", "d_labitems"))
+    sink.write("labevents", _arrow("labevents", [
+        {**_lab(i, P1, H1, K, T(2150, 1, 2, i), 1, "mEq/L"), "value": text, "valuenum": num}
+        for i, (text, num) in enumerate(EDGE_LABS)]))
+    sink.write("admissions", _arrow("admissions", [
+        dict(subject_id=P1, hadm_id=H1 + i, admittime=a, dischtime=d, deathtime=death, hospital_expire_flag=0)
+        for i, (a, d, death) in enumerate(EDGE_ADMISSIONS)]))
+    sink.write("d_labitems", _arrow("d_labitems", DATA["d_labitems"]))
+    sink.commit()
+    db = Database(out)
+    register_bounds(db.con, db.tables)
+    yield db
+    db.close()
+
+
+def _over_all(template: str, table: str, n: int, gold: str) -> CleanQuestion:
+    return CleanQuestion(f"q_all_{table}", TEMPLATES[template], {}, 0, "?", gold, "1", {table: list(range(n))})
+
+
+def _drawn(db: Database, q: CleanQuestion, name: str, seeds: int = 60) -> set[int]:
+    """The evidence rows ``name`` changes over many seeds: the rows it may draw from."""
+    drawn = set()
+    for seed in range(seeds):
+        cand = OPERATORS[name].run(db, q, params_for(q), operator_rng(seed, q.question_id, name))
+        drawn |= {ch.rid for ch in cand.overlay.changes} if cand else set()
+    return drawn
+
+
+def test_value_text_conflict_draws_the_rows_whose_text_reads_as_their_number(edge_db):
+    q = _over_all("t_lab_last", "labevents", len(EDGE_LABS), "SELECT max(valuenum) FROM labevents")
+
+    def reads_as(text, number):
+        try:
+            return bool(text) and float(text) == number
+        except ValueError:
+            return False
+    expected = {i for i, (text, num) in enumerate(EDGE_LABS) if num and reads_as(text, num)}
+    assert expected == {0, 4, 5}
+    assert _drawn(edge_db, q, "value_text_conflict") == expected
+
+
+def test_temporal_inversion_draws_the_rows_whose_end_follows_their_start_and_no_death(edge_db):
+    q = _over_all("t_adm_year", "admissions", len(EDGE_ADMISSIONS), "SELECT count(*) FROM admissions")
+    assert _drawn(edge_db, q, "temporal_inversion") == {0, 4, 5}
+
+
+def test_missing_timestamp_blanks_the_latest_time_the_last_row_on_a_tie(edge_db):
+    q = _over_all("t_adm_year", "admissions", len(EDGE_ADMISSIONS), "SELECT count(*) FROM admissions")
+    cand = run(edge_db, q, "missing_timestamp")
+    assert [(ch.rid, ch.column, ch.new_value) for ch in cand.overlay.changes] == [(5, "admittime", None)]

@@ -26,11 +26,6 @@ def time_column(q: CleanQuestion) -> str | None:
     return q.noise.time_column or (rule.time if rule else None)
 
 
-def evidence_rows(db: Database, q: CleanQuestion) -> list[dict]:
-    """Base rows of the question's evidence in its evidence table, by _rid."""
-    return db.base_rows(q.evidence_table, q.evidence_rids(), subject=question_patient(q))
-
-
 def question_patient(q: CleanQuestion) -> int | None:
     """The patient a patient-level question names (its ``subject_id`` slot), else None."""
     subject = q.slots.get("subject_id")
@@ -43,27 +38,52 @@ def pick(rng: np.random.Generator, items: list):
 
 def evidence_rids(db: Database, q: CleanQuestion, condition: str | None = None) -> list[int]:
     """The _rids of the question's evidence rows in its evidence table, in order; with ``condition``
-    (SQL over the row's columns), of those rows meeting it on the base only. Filtered in DuckDB: a
-    population question's evidence can be 400,000 rows (10,000 patients), over a gigabyte as
-    Python rows, of which an operator draws one."""
+    (SQL over the row's columns), of those rows meeting it on the base only."""
+    if condition is None:
+        return sorted(set(q.evidence_rids()))
+    return evidence_select(db, q, ROW_ID, condition).column(0).to_pylist()
+
+
+def evidence_select(db: Database, q: CleanQuestion, select: str, condition: str = "true",
+                    order: str = ROW_ID, limit: int | None = None) -> pa.Table:
+    """``SELECT select`` over the question's evidence rows (on the base) meeting ``condition``, in
+    ``order``. Filtered in DuckDB: a population question's evidence can be 400,000 rows (10,000
+    patients), over a gigabyte as Python rows, of which an operator wants one."""
     rids = sorted(set(q.evidence_rids()))
-    if condition is None or not rids:
-        return rids
+    if not rids:
+        return db.con.sql(f"SELECT {select} FROM base.{q.evidence_table} LIMIT 0").to_arrow_table()
     db.con.register("_evidence_rids", pa.table({ROW_ID: pa.array(rids, pa.int64())}))
-    try:
-        return [rid for rid, in db.con.execute(
-            f"SELECT {ROW_ID} FROM base.{q.evidence_table} SEMI JOIN _evidence_rids USING ({ROW_ID}) "
-            f"WHERE {condition} ORDER BY {ROW_ID}").fetchall()]
+    try:  # the _rid range lets zone maps skip where _rid follows the stored order
+        return db.con.sql(
+            f"SELECT {select} FROM base.{q.evidence_table} SEMI JOIN _evidence_rids USING ({ROW_ID}) "
+            f"WHERE {ROW_ID} BETWEEN {rids[0]} AND {rids[-1]} AND ({condition}) ORDER BY {order}"
+            f"{'' if limit is None else f' LIMIT {int(limit)}'}").to_arrow_table()
     finally:
         db.con.unregister("_evidence_rids")
 
 
+def evidence_row(db: Database, q: CleanQuestion, rid: int | None) -> dict | None:
+    """The base row ``rid`` of the question's evidence table (None for None)."""
+    return None if rid is None else db.base_rows(q.evidence_table, [rid], subject=question_patient(q))[0]
+
+
+def first_evidence_row(db: Database, q: CleanQuestion, condition: str, order: str) -> dict | None:
+    """The first evidence row meeting ``condition`` in ``order`` (which should end in _rid, for a tie)."""
+    found = evidence_select(db, q, ROW_ID, condition, order, limit=1).column(0).to_pylist()
+    return evidence_row(db, q, found[0] if found else None)
+
+
 def pick_evidence_row(db: Database, q: CleanQuestion, rng: np.random.Generator,
                       condition: str | None = None) -> dict | None:
-    """``pick(rng, [r for r in evidence_rows(db, q) if condition])``, fetching only the row drawn
-    (see :func:`evidence_rids`)."""
-    rid = pick(rng, evidence_rids(db, q, condition))
-    return None if rid is None else db.base_rows(q.evidence_table, [rid], subject=question_patient(q))[0]
+    """``pick(rng, ...)`` among the evidence rows meeting ``condition``, fetching only the row drawn."""
+    return evidence_row(db, q, pick(rng, evidence_rids(db, q, condition)))
+
+
+def timestamp(table: str, column: str | None) -> str:
+    """SQL true where ``column`` of ``table`` holds a time Python reads as a datetime (not a date)."""
+    if not has_column(table, column) or TABLES[table].column(column).type != "TIMESTAMP":
+        return "false"
+    return f"{column} IS NOT NULL"
 
 
 def numeric(table: str, column: str | None) -> str:

@@ -14,7 +14,7 @@ from pipeline.noise.operators.common import (
     STAYS,
     UNANSWERABLE_WHEN_EMPTY,
     copy_row,
-    evidence_rows,
+    first_evidence_row,
     gold_answer,
     has_column,
     inside,
@@ -29,6 +29,7 @@ from pipeline.noise.operators.common import (
     stay_link,
     text_of,
     time_column,
+    timestamp,
     update,
     value_column,
 )
@@ -201,8 +202,9 @@ def time_displaced(db, q, params, rng):
     if parent is None:
         return None
     link, start, end = STAYS[parent]
-    rows = [r for r in evidence_rows(db, q) if isinstance(r.get(column), dt.datetime) and r.get(link) is not None]
-    if not rows:
+    timed = f"{timestamp(table, column)} AND {link} IS NOT NULL" if has_column(table, link) else "false"
+    earliest = first_evidence_row(db, q, timed, f"{column}, {ROW_ID}")
+    if earliest is None:
         return None
     sql = restricted(q.gold_sql, table, (f"SELECT t.* FROM {table} t LEFT JOIN {parent} p ON p.{link} = t.{link} "
                                          f"WHERE p.{link} IS NULL OR t.{column} IS NULL "
@@ -210,7 +212,7 @@ def time_displaced(db, q, params, rng):
     minutes = int(rng.integers(*DISPLACEMENT_MINUTES))
     first = bool(rng.integers(2))
     for after in (first, not first):  # whichever way the question depends on
-        row = (min if after else max)(rows, key=lambda r: (r[column], r[ROW_ID]))
+        row = earliest if after else first_evidence_row(db, q, timed, f"{column} DESC, {ROW_ID} DESC")
         edge = db.scalar(f"SELECT {end if after else start} FROM base.{parent} p WHERE p.{link} = {row[link]}")
         if edge is None:
             continue
@@ -238,10 +240,10 @@ def missing_timestamp(db, q, params, rng):
     one the data supports, the analyst falls back on it and answers; otherwise the time cannot be
     re-established and the agent abstains."""
     table, column = q.evidence_table, time_column(q)
-    rows = [r for r in evidence_rows(db, q) if column and r.get(column) is not None]
-    if not rows:
+    timed = f"{column} IS NOT NULL" if has_column(table, column) else "false"
+    row = first_evidence_row(db, q, timed, f"{column} DESC, {ROW_ID} DESC")
+    if row is None:
         return None
-    row = max(rows, key=lambda r: (r[column], r[ROW_ID]))
     overlay = Overlay([update(table, row, column, None)])
     proxy = PROXIES.get((table, column))
     sql = expected = None

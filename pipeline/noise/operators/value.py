@@ -11,9 +11,12 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import replace
 
+import pyarrow as pa
+
 from pipeline.noise.model import AMBIGUOUS, Detector
 from pipeline.noise.operators.common import (
-    evidence_rows,
+    evidence_row,
+    evidence_select,
     has_column,
     icd_reversioned,
     numeric,
@@ -23,6 +26,7 @@ from pipeline.noise.operators.common import (
     recovered,
     restricted,
     text_of,
+    timestamp,
     update,
     value_column,
 )
@@ -75,11 +79,16 @@ BY_UNIT = {  # fallbacks when the item has no specific conversion
 }
 
 
-def _numeric_rows(db, q):
-    column = value_column(q)
-    rows = [r for r in evidence_rows(db, q)
-            if column and isinstance(r.get(column), (int, float)) and not isinstance(r.get(column), bool)]
-    return column, rows
+def _real(table: str, column: str | None) -> str:
+    """SQL true where ``column`` holds a number that is not NaN (:func:`numeric`)."""
+    kind = numeric(table, column)
+    return kind if kind == "false" else f"{kind} AND NOT isnan({column})"
+
+
+def _chunks(table: pa.Table, size: int = 4096):
+    """The rows of ``table`` as dicts, converted a chunk at a time."""
+    for start in range(0, table.num_rows, size):
+        yield from table.slice(start, size).to_pylist()
 
 
 def _item_label(db, table: str, row: dict) -> str | None:
@@ -128,23 +137,30 @@ def unit_scale(db, q, params, rng):
     a factor that alone maps it back into the range of the item's other values, so the analyst
     can divide it back: flag with that recovered answer."""
     table = q.evidence_table
-    column, rows = _numeric_rows(db, q)
-    for row in sorted((r for r in rows if r[column] > 0), key=lambda r: (-r[column], r[ROW_ID])):
-        label = _item_label(db, table, row)
-        bounds = item_bounds(db.con, table, label)
-        if bounds is None:
-            continue
-        low, high = bounds
-        floor = "" if low is None else f" AND {column} >= {_sql(low)}"
-        seen = db.rows(f"SELECT min({column}), max({column}) FROM base.{table} "
-                       f"WHERE itemid = {row['itemid']} AND {column} <= {_sql(high)}{floor}")[0]
-        if seen[0] is None:
+    column = value_column(q)
+    positive = f"{_real(table, column)} AND {column} > 0"
+    if positive.startswith("false"):
+        return None
+    item = "itemid" if has_column(table, "itemid") else "NULL::INTEGER AS itemid"
+    items: dict = {}  # itemid -> (label, bounds, seen): the same for all of an item's rows
+    for found in _chunks(evidence_select(db, q, f"{ROW_ID}, {item}, {column}", positive, f"{column} DESC, {ROW_ID}")):
+        if found["itemid"] not in items:
+            label = _item_label(db, table, found)
+            bounds = item_bounds(db.con, table, label)
+            seen = None
+            if bounds is not None:
+                floor = "" if bounds[0] is None else f" AND {column} >= {_sql(bounds[0])}"
+                seen = db.rows(f"SELECT min({column}), max({column}) FROM base.{table} "
+                               f"WHERE itemid = {found['itemid']} AND {column} <= {_sql(bounds[1])}{floor}")[0]
+            items[found["itemid"]] = label, bounds, seen
+        label, bounds, seen = items[found["itemid"]]
+        if seen is None or seen[0] is None:
             continue
         for factor in UNIT_SLIPS:
-            new = round(row[column] * factor, 6)
+            new = round(found[column] * factor, 6)
             fits = [d for d in UNIT_SLIPS if seen[0] <= new / d <= seen[1]]
-            if new > high and fits == [factor]:
-                return _scaled(db, q, row, column, new, factor, label, (low, high), seen)
+            if new > bounds[1] and fits == [factor]:
+                return _scaled(db, q, evidence_row(db, q, found[ROW_ID]), column, new, factor, label, bounds, seen)
     return None
 
 
@@ -220,11 +236,13 @@ def value_text_conflict(db, q, params, rng):
     """Change the number but not its charted text: the row contradicts itself. MIMIC derives the
     number from the charted text, so the analyst reads the text: flag with that answer."""
     table = q.evidence_table
-    column, rows = _numeric_rows(db, q)
+    column = value_column(q)
     rule = RULES.get(table)
     if not rule or not rule.text or column != rule.value:
         return None
-    row = pick(rng, [r for r in rows if r[column] and _number(r.get(rule.text)) == r[column]])
+    # the charted text reads as the number (TRY_CAST reads texts as float() does, bar non-ASCII digits)
+    row = pick_evidence_row(db, q, rng, f"{_real(table, column)} AND {column} <> 0 "
+                                        f"AND TRY_CAST({rule.text} AS DOUBLE) = {column}")
     if row is None:
         return None
     new = round(row[column] * float(pick(rng, TEXT_CONFLICT_FACTORS)), 2)
@@ -288,9 +306,9 @@ def temporal_inversion(db, q, params, rng):
     rule = RULES.get(table)
     if not rule or not rule.end:
         return None
-    row = pick(rng, [r for r in evidence_rows(db, q)
-                     if isinstance(r.get(rule.time), dt.datetime) and isinstance(r.get(rule.end), dt.datetime)
-                     and r[rule.end] > r[rule.time] and r.get("deathtime") is None])  # a death time would show the end
+    alive = " AND deathtime IS NULL" if has_column(table, "deathtime") else ""  # a death time would show the end
+    row = pick_evidence_row(db, q, rng, f"{timestamp(table, rule.time)} AND {timestamp(table, rule.end)} "
+                                        f"AND {rule.end} > {rule.time}{alive}")
     if row is None:
         return None
     end = row[rule.time] - dt.timedelta(hours=int(pick(rng, INVERSION_HOURS)))
