@@ -234,3 +234,31 @@ def test_running_out_of_memory_fails_the_template_instead_of_skipping_it(demo_st
             assert _template_result(con, present, template, 0, PER_TEMPLATE).skipped is None
         finally:
             con.close()
+
+
+def test_threshold_quantiles_in_batches_of_items_are_those_of_one_query(con, monkeypatch):
+    """quantile_cont cannot spill, so items are measured in batches bounded by their value count;
+    the cut-offs drawn must not depend on the batching."""
+    from pipeline.questions import samplers
+
+    lab = samplers.SOURCES["lab"]
+    labels = [label for label, in con.execute(
+        f"SELECT {lab.entity} FROM {lab.from_sql} WHERE {lab.where} AND {lab.numeric} IS NOT NULL "
+        f"GROUP BY ALL ORDER BY count(*) DESC, 1 LIMIT 12").fetchall()]
+    given = [{"lab_label": label} for label in labels * 3]
+
+    def cut_offs():
+        return samplers.threshold(con, np.random.default_rng(7), given, item="lab_label")
+    whole = cut_offs()
+    seen = []
+    original = samplers._batches
+    monkeypatch.setattr(samplers, "_batches", lambda counts, most: seen.append((counts, original(counts, most))) or seen[-1][1])
+    most = max(n for _, n in con.execute(
+        f"SELECT {lab.entity}, count(*) FROM {lab.from_sql} WHERE {lab.where} AND {lab.numeric} IS NOT NULL "
+        f"AND {lab.entity} IN (SELECT unnest(?)) GROUP BY ALL", [labels]).fetchall())
+    monkeypatch.setattr(samplers, "QUANTILE_VALUES", most)
+    assert cut_offs() == whole and None not in whole
+    counts, batches = seen[-1]
+    assert [k for b in batches for k in b] == sorted(labels)
+    assert 1 < len(batches) < len(labels)  # several batches, some of several items
+    assert all(sum(dict(counts)[k] for k in b) <= most for b in batches)

@@ -185,24 +185,44 @@ def patient(con, rng, given, *, source: str = "admission", scope: str = "any", m
     return _pick(rng, given, rows, None)
 
 
+QUANTILE_VALUES = 10_000_000
+"""Values one exact-quantile query may hold: ``quantile_cont`` keeps all of a group's values in
+memory and cannot spill, so items are measured in batches of at most this many values (at
+100,000 patients one batch of all items overran a worker's DuckDB budget)."""
+
+
 def threshold(con, rng, given, *, item: str, source: str = "lab", low_q: float = 0.25,
               high_q: float = 0.75, digits: int = 1) -> list:
     """A cut-off for the ``item`` slot's measurement, uniform between two quantiles of its values,
     so comparisons are neither always true nor always false."""
     src = SOURCES[source]
-    rows = _pool(con, f"""
-        SELECT {src.entity} AS k, quantile_cont({src.numeric}, {float(low_q)}) AS lo,
-               quantile_cont({src.numeric}, {float(high_q)}) AS hi
-        FROM {src.from_sql} WHERE {src.where} AND {src.numeric} IS NOT NULL
-          AND {src.entity} IN (SELECT unnest(?)) GROUP BY ALL ORDER BY ALL""",
-                 [sorted({c[item] for c in given})])
-    bounds = {k: (lo, hi) for k, lo, hi in rows}
+    values = f"FROM {src.from_sql} WHERE {src.where} AND {src.numeric} IS NOT NULL AND {src.entity} IN (SELECT unnest(?))"
+    counts = _pool(con, f"SELECT {src.entity}, count(*) {values} GROUP BY ALL ORDER BY ALL",
+                   [sorted({c[item] for c in given})])
+    bounds = {}
+    for keys in _batches(counts, QUANTILE_VALUES):
+        bounds.update({k: (lo, hi) for k, lo, hi in _pool(con, f"""
+            SELECT {src.entity} AS k, quantile_cont({src.numeric}, {float(low_q)}) AS lo,
+                   quantile_cont({src.numeric}, {float(high_q)}) AS hi {values} GROUP BY ALL""", [keys])})
     u = rng.random(len(given))
     out = []
     for cand, x in zip(given, u):
         lo, hi = bounds.get(cand[item], (None, None))
         out.append(None if lo is None else round(float(lo + x * (hi - lo)), int(digits)))
     return out
+
+
+def _batches(counts: list[tuple], most: int) -> list[list]:
+    """Keys of ``(key, count)`` rows in consecutive batches of at most ``most`` counted (a larger key alone)."""
+    batches: list[list] = []
+    total = most
+    for key, n in counts:
+        if total + n > most:
+            batches.append([])
+            total = 0
+        batches[-1].append(key)
+        total += n
+    return batches
 
 
 def choice(con, rng, given, *, values: list) -> list:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -11,6 +12,7 @@ import pyarrow as pa
 from pipeline.noise.model import Behavior, CleanQuestion, Detector, Proposal, answer_of
 from pipeline.noise.overlay import Change, Database, Overlay
 from pipeline.plausibility import RULES
+from pipeline.questions.evidence import INLINE_ROWS
 from pipeline.schema import ROW_ID, TABLES
 
 UNANSWERABLE_WHEN_EMPTY = ("number", "text", "date", "datetime", "list", "set")
@@ -41,25 +43,34 @@ def evidence_rids(db: Database, q: CleanQuestion, condition: str | None = None) 
     (SQL over the row's columns), of those rows meeting it on the base only."""
     if condition is None:
         return sorted(set(q.evidence_rids()))
-    return evidence_select(db, q, ROW_ID, condition).column(0).to_pylist()
+    return [rid for rid, in evidence_select(db, q, ROW_ID, condition)]
 
 
 def evidence_select(db: Database, q: CleanQuestion, select: str, condition: str = "true",
-                    order: str = ROW_ID, limit: int | None = None) -> pa.Table:
-    """``SELECT select`` over the question's evidence rows (on the base) meeting ``condition``, in
-    ``order``. Filtered in DuckDB: a population question's evidence can be 400,000 rows (10,000
-    patients), over a gigabyte as Python rows, of which an operator wants one."""
+                    order: str = ROW_ID, limit: int | None = None) -> Iterator[tuple]:
+    """Rows of ``SELECT select`` over the question's evidence rows (on the base) meeting
+    ``condition``, in ``order``. Filtered in DuckDB: a population question's evidence can be
+    400,000 rows (10,000 patients), over a gigabyte as Python rows, of which an operator wants one.
+
+    A few evidence rows are named in the query and fetched as tuples (:meth:`Database.rows`: a
+    rerun replays them); more are joined as a registered table and come through Arrow, turned into
+    tuples a chunk at a time."""
     rids = sorted(set(q.evidence_rids()))
     if not rids:
-        return db.con.sql(f"SELECT {select} FROM base.{q.evidence_table} LIMIT 0").to_arrow_table()
+        return iter(())
+    table = f"base.{q.evidence_table}"
+    span = f"{ROW_ID} BETWEEN {rids[0]} AND {rids[-1]}"  # lets zone maps skip where _rid follows the stored order
+    tail = f"AND ({condition}) ORDER BY {order}{'' if limit is None else f' LIMIT {int(limit)}'}"
+    if len(rids) <= INLINE_ROWS:  # cheaper than registering a table to join, and than Arrow; memoized
+        return iter(db.rows(f"SELECT {select} FROM {table} WHERE {span} "
+                            f"AND {ROW_ID} IN ({', '.join(map(str, rids))}) {tail}"))
     db.con.register("_evidence_rids", pa.table({ROW_ID: pa.array(rids, pa.int64())}))
-    try:  # the _rid range lets zone maps skip where _rid follows the stored order
-        return db.con.sql(
-            f"SELECT {select} FROM base.{q.evidence_table} SEMI JOIN _evidence_rids USING ({ROW_ID}) "
-            f"WHERE {ROW_ID} BETWEEN {rids[0]} AND {rids[-1]} AND ({condition}) ORDER BY {order}"
-            f"{'' if limit is None else f' LIMIT {int(limit)}'}").to_arrow_table()
+    try:
+        found = db.con.sql(f"SELECT {select} FROM {table} SEMI JOIN _evidence_rids USING ({ROW_ID}) "
+                           f"WHERE {span} {tail}").to_arrow_table()
     finally:
         db.con.unregister("_evidence_rids")
+    return (row for batch in found.to_batches(4096) for row in zip(*(c.to_pylist() for c in batch.columns)))
 
 
 def evidence_row(db: Database, q: CleanQuestion, rid: int | None) -> dict | None:
@@ -69,8 +80,7 @@ def evidence_row(db: Database, q: CleanQuestion, rid: int | None) -> dict | None
 
 def first_evidence_row(db: Database, q: CleanQuestion, condition: str, order: str) -> dict | None:
     """The first evidence row meeting ``condition`` in ``order`` (which should end in _rid, for a tie)."""
-    found = evidence_select(db, q, ROW_ID, condition, order, limit=1).column(0).to_pylist()
-    return evidence_row(db, q, found[0] if found else None)
+    return evidence_row(db, q, next(evidence_select(db, q, ROW_ID, condition, order, limit=1), (None,))[0])
 
 
 def pick_evidence_row(db: Database, q: CleanQuestion, rng: np.random.Generator,

@@ -11,8 +11,6 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import replace
 
-import pyarrow as pa
-
 from pipeline.noise.model import AMBIGUOUS, Detector
 from pipeline.noise.operators.common import (
     evidence_row,
@@ -85,12 +83,6 @@ def _real(table: str, column: str | None) -> str:
     return kind if kind == "false" else f"{kind} AND NOT isnan({column})"
 
 
-def _chunks(table: pa.Table, size: int = 4096):
-    """The rows of ``table`` as dicts, converted a chunk at a time."""
-    for start in range(0, table.num_rows, size):
-        yield from table.slice(start, size).to_pylist()
-
-
 def _item_label(db, table: str, row: dict) -> str | None:
     rule = RULES.get(table)
     if not rule or not rule.items or row.get("itemid") is None or not db.has(rule.items):
@@ -141,26 +133,27 @@ def unit_scale(db, q, params, rng):
     positive = f"{_real(table, column)} AND {column} > 0"
     if positive.startswith("false"):
         return None
-    item = "itemid" if has_column(table, "itemid") else "NULL::INTEGER AS itemid"
+    item = "itemid" if has_column(table, "itemid") else "NULL"
     items: dict = {}  # itemid -> (label, bounds, seen): the same for all of an item's rows
-    for found in _chunks(evidence_select(db, q, f"{ROW_ID}, {item}, {column}", positive, f"{column} DESC, {ROW_ID}")):
-        if found["itemid"] not in items:
-            label = _item_label(db, table, found)
+    for rid, itemid, value in evidence_select(db, q, f"{ROW_ID}, {item}, {column}", positive,
+                                              f"{column} DESC, {ROW_ID}"):
+        if itemid not in items:
+            label = _item_label(db, table, {"itemid": itemid})
             bounds = item_bounds(db.con, table, label)
             seen = None
             if bounds is not None:
                 floor = "" if bounds[0] is None else f" AND {column} >= {_sql(bounds[0])}"
                 seen = db.rows(f"SELECT min({column}), max({column}) FROM base.{table} "
-                               f"WHERE itemid = {found['itemid']} AND {column} <= {_sql(bounds[1])}{floor}")[0]
-            items[found["itemid"]] = label, bounds, seen
-        label, bounds, seen = items[found["itemid"]]
+                               f"WHERE itemid = {itemid} AND {column} <= {_sql(bounds[1])}{floor}")[0]
+            items[itemid] = label, bounds, seen
+        label, bounds, seen = items[itemid]
         if seen is None or seen[0] is None:
             continue
         for factor in UNIT_SLIPS:
-            new = round(found[column] * factor, 6)
+            new = round(value * factor, 6)
             fits = [d for d in UNIT_SLIPS if seen[0] <= new / d <= seen[1]]
             if new > bounds[1] and fits == [factor]:
-                return _scaled(db, q, evidence_row(db, q, found[ROW_ID]), column, new, factor, label, bounds, seen)
+                return _scaled(db, q, evidence_row(db, q, rid), column, new, factor, label, bounds, seen)
     return None
 
 
