@@ -95,13 +95,6 @@ def _sql(value) -> str:
     return repr(float(value)) if isinstance(value, (int, float)) else "'" + str(value).replace("'", "''") + "'"
 
 
-def _number(text: str | None) -> float | None:
-    try:
-        return float(text) if text else None
-    except ValueError:
-        return None
-
-
 def _value_changes(q, row: dict, column: str, new: float) -> list:
     """Update the number and keep its text twin (and a lab's abnormal flag) consistent with it."""
     table = q.evidence_table
@@ -130,12 +123,12 @@ def unit_scale(db, q, params, rng):
     can divide it back: flag with that recovered answer."""
     table = q.evidence_table
     column = value_column(q)
-    positive = f"{_real(table, column)} AND {column} > 0"
-    if positive.startswith("false"):
+    real = _real(table, column)
+    if real == "false":
         return None
     item = "itemid" if has_column(table, "itemid") else "NULL"
     items: dict = {}  # itemid -> (label, bounds, seen): the same for all of an item's rows
-    for rid, itemid, value in evidence_select(db, q, f"{ROW_ID}, {item}, {column}", positive,
+    for rid, itemid, value in evidence_select(db, q, f"{ROW_ID}, {item}, {column}", f"{real} AND {column} > 0",
                                               f"{column} DESC, {ROW_ID}"):
         if itemid not in items:
             label = _item_label(db, table, {"itemid": itemid})
