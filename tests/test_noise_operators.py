@@ -394,6 +394,39 @@ def test_an_overlay_shows_only_the_tables_it_touches_and_is_forgotten_in_batches
     db.use(Database.CLEAN)
 
 
+def test_a_shadowed_query_reads_its_own_overlay_whatever_is_active(world):
+    """Verification asks many overlays' queries in one union: each branch must see exactly what
+    selecting its overlay shows (deleted, updated and inserted rows; two overlays inserting the
+    same fresh _rid), and no other overlay's rows."""
+    db = world.db
+    fresh = db.next_rid("labevents")
+    row = db.base_rows("labevents", [2])[0]
+    overlays = {db.new_id(): o for o in (
+        Overlay([Change("labevents", "delete", 2)]),
+        Overlay([Change("labevents", "update", 2, "valuenum", 99.5)]),
+        Overlay([Change("labevents", "insert", fresh, None, {**row, "valuenum": 7.0})]),
+        Overlay([Change("labevents", "insert", fresh, None, {**row, "valuenum": 8.0}),
+                 Change("admissions", "delete", db.base_rows("admissions", [0])[0]["_rid"])]),
+    )}
+    db.load(overlays)
+    sql = ("SELECT count(*), sum(valuenum), (SELECT count(*) FROM admissions) FROM labevents "
+           f"WHERE subject_id = {row['subject_id']}")
+    try:
+        selected = {}
+        for oid in overlays:
+            db.use(oid)
+            selected[oid] = db.rows(sql)
+        db.use(Database.CLEAN)
+        union = " UNION ALL ".join(f"SELECT {oid} AS oid, * FROM ({db.shadowed(sql, oid)})" for oid in overlays)
+        shadowed = {oid: [tuple(rest)] for oid, *rest in db.rows(union)}
+        assert shadowed == selected
+        assert len(set(map(str, selected.values()))) == len(overlays)  # each overlay shows something else
+    finally:
+        for oid in overlays:
+            db.unload(oid)
+        db.use(Database.CLEAN)
+
+
 # ----------------------------------------------------------------------------------------------
 # The world itself: staged as declared, clean answers as computed by hand, evidence clean.
 # ----------------------------------------------------------------------------------------------
@@ -744,7 +777,7 @@ def test_rejects_noise_that_does_not_change_the_naive_answer(world):
     """A duplicate of an earlier potassium: the last one is still 4.2, the noise does not matter."""
     db, q = world.db, world.questions["lab_k"]
     earlier = db.base_rows("labevents", [0])[0]
-    overlay = Overlay([Change("labevents", "insert", db.next_rid["labevents"], None,
+    overlay = Overlay([Change("labevents", "insert", db.next_rid("labevents"), None,
                               {k: v for k, v in earlier.items() if k != ROW_ID})])
     cand = hand_made("useless_duplicate", "record", "duplicate_record", q,
                      record_proposal(q, overlay, "flag", q.answer, "duplicate_exact", ["copied an earlier row"]))

@@ -119,8 +119,8 @@ class Database:
         self._memo: dict | None = None
         self._deferred: tuple[int, Overlay] | None = None  # a memoized noisy block's overlay, not loaded yet
         self._row_cache: dict[tuple[str, int], dict] = {}
+        self._largest: dict[tuple[str, str], object] = {}
         self.use(self.CLEAN)
-        self.next_rid = {t: self.scalar(f"SELECT coalesce(max({ROW_ID}), -1) + 1 FROM base.{t}") for t in self.tables}
 
     def close(self) -> None:
         self.con.close()
@@ -178,13 +178,28 @@ class Database:
             overlay: Overlay | None = self._deferred[1]
         else:
             overlay = self._overlay_of.get(self._active) if self._active is not None else None
-        if overlay is None:
-            return None
-        return tuple((c.table, c.op, c.rid, c.column, c.new_value_json()) for c in overlay.changes)
+        return _memo_key(overlay)
+
+    @staticmethod
+    def remembers(memo: dict, overlay: Overlay, sql: str) -> bool:
+        """Whether :meth:`memoized` with ``memo`` answers ``sql`` under ``overlay`` without asking DuckDB."""
+        return (_memo_key(overlay if overlay else None), sql) in memo
 
     def scalar(self, sql: str):
         rows = self.rows(sql)
         return rows[0][0] if rows else None
+
+    def largest(self, table: str, column: str):
+        """The largest ``column`` of the base ``table`` (None when it holds none). The base never
+        changes, so each is read once: one scan of labevents costs over a second at 100,000 patients."""
+        if (table, column) not in self._largest:
+            self._largest[(table, column)] = self._run(f"SELECT max({column}) FROM base.{table}")[1][0][0]
+        return self._largest[(table, column)]
+
+    def next_rid(self, table: str) -> int:
+        """The ``_rid`` an inserted row of ``table`` takes first: past every base row's."""
+        largest = self.largest(table, ROW_ID)
+        return 0 if largest is None else largest + 1
 
     def base_rows(self, table: str, rids: Iterable[int], subject: int | None = None) -> list[dict]:
         """Rows of the base ``table`` with these ``_rid``s, in ``_rid`` order (fresh dicts).
@@ -338,12 +353,17 @@ class Database:
         self.con.execute(f"CREATE TABLE patch.{table}_rows AS SELECT *, 0::BIGINT AS overlay_id "
                          f"FROM base.{table} LIMIT 0").fetchall()
         self.con.execute(f"CREATE SCHEMA {OVERLAY_PREFIX}{table}").fetchall()
-        self.con.execute(
-            f"CREATE VIEW {self.overlaid(table)} AS SELECT * FROM base.{table} WHERE {ROW_ID} NOT IN "
-            f"(SELECT {ROW_ID} FROM patch.{table}_removed WHERE overlay_id = getvariable('overlay_id')) "
-            f"UNION ALL SELECT * EXCLUDE (overlay_id) FROM patch.{table}_rows "
-            f"WHERE overlay_id = getvariable('overlay_id')").fetchall()
+        rows = _overlaid_rows(table, "getvariable('overlay_id')")
+        self.con.execute(f"CREATE VIEW {self.overlaid(table)} AS {rows}").fetchall()
         self._overlaid.add(table)
+
+    def shadowed(self, sql: str, overlay_id: int) -> str:
+        """``sql`` reading loaded overlay ``overlay_id`` whatever overlay is active: a CTE of each
+        touched table's overlaid rows shadows its name. Queries of many overlays then run as one
+        statement (a union), which costs less than switching overlays and asking them one by one."""
+        ctes = ", ".join(f"{t} AS NOT MATERIALIZED ({_overlaid_rows(t, str(int(overlay_id)))})"
+                         for t in self._overlay_of[overlay_id].tables)
+        return f"WITH {ctes} SELECT * FROM ({sql}) AS shadowed" if ctes else sql
 
     def _patch_rows(self, table: str, changes: list[Change]) -> list[dict]:
         """Updated and inserted rows of ``table`` as whole records."""
@@ -355,6 +375,19 @@ class Database:
         rows = [{**row, **updates[row[ROW_ID]]} for row in self.base_rows(table, updates)
                 if row[ROW_ID] not in deleted]
         return rows + [{**c.new_value, ROW_ID: c.rid} for c in changes if c.op == "insert"]
+
+
+def _memo_key(overlay: Overlay | None) -> tuple | None:
+    if overlay is None:
+        return None
+    return tuple((c.table, c.op, c.rid, c.column, c.new_value_json()) for c in overlay.changes)
+
+
+def _overlaid_rows(table: str, overlay_id: str) -> str:
+    """The rows of ``table`` as overlay ``overlay_id`` (an SQL expression) shows them."""
+    return (f"SELECT * FROM base.{table} WHERE {ROW_ID} NOT IN "
+            f"(SELECT {ROW_ID} FROM patch.{table}_removed WHERE overlay_id = {overlay_id}) "
+            f"UNION ALL SELECT * EXCLUDE (overlay_id) FROM patch.{table}_rows WHERE overlay_id = {overlay_id}")
 
 
 def _coerce(row: dict, schema: pa.Schema) -> dict:

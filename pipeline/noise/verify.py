@@ -39,8 +39,9 @@ def verify_candidates(db: Database, candidates: list[Candidate],
 
     Checks run in order (clean and local in bulk, then effect, expected, detectable, deterministic
     per candidate) and stop at the first failure: a rejected candidate records the check it failed.
-    What runs on the clean base (a query-level candidate's naive SQL, a recovery SQL's clean half)
-    is run beforehand in bulk, one statement per template and operator, and only read if reached.
+    A check's SQL that the operator did not already run (naive SQL, a recovery SQL's clean half, SQL
+    detectors) is run in bulk, one statement per template and operator, on the clean base or on each
+    candidate's own noisy database (:meth:`Database.shadowed`), and only read if reached.
     ``profile`` gets each check's time (``open``: loading the overlays).
     """
     timed = (profile or Profile()).timed
@@ -58,6 +59,9 @@ def verify_candidates(db: Database, candidates: list[Candidate],
         with timed("check", "effect", 0):
             naive = _on_clean_base(db, {i: candidates[i] for i in pending if not candidates[i].overlay},
                                    lambda c: c.naive_sql, _shape)
+            naive.update(_on_noisy(db, {i: candidates[i] for i in pending if candidates[i].overlay and not
+                                        db.remembers(candidates[i].queries, candidates[i].overlay,
+                                                     candidates[i].naive_sql)}, ids, lambda c: c.naive_sql))
         with timed("check", "expected", 0):  # for every candidate that may get that far: one statement per shape
             recovered_clean = _on_clean_base(db, {i: candidates[i] for i in pending if _checked_on_clean(candidates[i])},
                                              lambda c: c.recovery_sql, _shape)
@@ -74,10 +78,16 @@ def verify_candidates(db: Database, candidates: list[Candidate],
                 if rec["effect"]:
                     with timed("check", "expected"):
                         rec["expected"] = _recovers(db, c, ids.get(i, Database.CLEAN), rec, recovered_clean.get(i))
-                if rec.get("expected"):
-                    with timed("check", "detectable (noisy)"):
-                        db.use(ids.get(i, Database.CLEAN))
-                        rec["detector_noisy"] = _detect(db, c)
+        reached = [i for i in pending if records[i].get("expected")]
+        with timed("check", "detectable (noisy)", 0):  # SQL detectors in bulk; evidence rules one by one
+            sql_detected = _detections(db, {i: candidates[i] for i in reached}, ids)
+        for i in reached:
+            with db.memoized(candidates[i].queries), timed("check", "detectable (noisy)"):
+                if i in sql_detected:
+                    records[i]["detector_noisy"] = sql_detected[i]
+                else:
+                    db.use(ids.get(i, Database.CLEAN))
+                    records[i]["detector_noisy"] = _detect(db, candidates[i])
         db.use(Database.CLEAN)
         detected = [i for i in pending if records[i].get("detector_noisy")]
         with timed("check", "detectable (clean)", len(detected)):
@@ -133,13 +143,29 @@ def _on_clean_base(db: Database, candidates: dict[int, Candidate], sql_of: Calla
     """Rows of each candidate's ``sql_of`` on the clean base, by the candidate's key; the queries of
     one group (of one template, and of one shape within it) in one statement, as generation runs
     a template's gold SQL, so each column keeps its type."""
+    return _in_bulk(db, {k: (group_of(c), c, sql_of(c)) for k, c in candidates.items()})
+
+
+def _on_noisy(db: Database, candidates: dict[int, Candidate], ids: dict[int, int],
+              sql_of: Callable[[Candidate], str]) -> dict[int, list[tuple]]:
+    """Rows of each candidate's ``sql_of`` on its own noisy database (overlay ``ids[k]``, loaded),
+    one statement per shape; not for list answers, whose row order a union would not keep (they
+    are asked one by one, when reached)."""
+    return _in_bulk(db, {k: (_shape(c), c, db.shadowed(sql_of(c), ids[k])) for k, c in candidates.items()
+                         if c.question.answer_type != "list"})
+
+
+def _in_bulk(db: Database, queries: dict[int, tuple[Hashable, Candidate, str]]) -> dict[int, list[tuple]]:
+    """Rows of each (group, candidate, SQL) by key, a group's queries in one :func:`gold_rows` statement."""
     db.use(Database.CLEAN)
     groups: dict[Hashable, dict[int, str]] = defaultdict(dict)
-    for k, c in candidates.items():
-        groups[group_of(c)][k] = sql_of(c)
+    template_of = {}
+    for k, (group, c, sql) in queries.items():
+        groups[group][k] = sql
+        template_of[group] = c.question.template
     out: dict[int, list[tuple]] = {}
-    for queries in groups.values():
-        out.update(gold_rows(db.con, candidates[next(iter(queries))].question.template, queries))
+    for group, batch in groups.items():
+        out.update(gold_rows(db.con, template_of[group], batch))
     return out
 
 
@@ -168,13 +194,20 @@ def _clean_detections(db: Database, candidates: list[Candidate]) -> list[int]:
     batch = {i: _scope_rows(c) for i, c in enumerate(candidates) if c.detector.reason}
     reasons = {c.detector.reason for c in candidates if c.detector.reason}
     found = evidence_violations(db.con, batch, set(db.tables), reasons) if batch else {}
-    hits = []
-    for i, c in enumerate(candidates):
-        if c.detector.reason:
-            hits.append(int(c.detector.reason in found.get(i, set())))
-        else:
-            hits.append(int(db.scalar(c.detector.clean_sql) or 0))
-    return hits
+    rows = _on_clean_base(db, {i: c for i, c in enumerate(candidates) if not c.detector.reason},
+                          lambda c: c.detector.clean_sql, _shape)
+    return [int(c.detector.reason in found.get(i, set())) if c.detector.reason
+            else int((rows[i][0][0] if rows[i] else None) or 0) for i, c in enumerate(candidates)]
+
+
+def _detections(db: Database, candidates: dict[int, Candidate], ids: dict[int, int]) -> dict[int, int]:
+    """Hits of the SQL detectors on their noisy databases, one statement per shape; a detector query
+    the operator already ran on its noisy database is left to :func:`_detect`'s memo."""
+    asked = {i: c for i, c in candidates.items()
+             if not c.detector.reason and not db.remembers(c.queries, c.overlay, c.detector.sql)}
+    rows = _on_clean_base(db, {i: c for i, c in asked.items() if not c.overlay}, lambda c: c.detector.sql, _shape)
+    rows.update(_on_noisy(db, {i: c for i, c in asked.items() if c.overlay}, ids, lambda c: c.detector.sql))
+    return {i: int((found[0][0] if found else None) or 0) for i, found in rows.items()}
 
 
 def _detect(db: Database, c: Candidate) -> int:

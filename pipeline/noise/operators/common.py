@@ -204,7 +204,7 @@ def copy_row(db: Database, table: str, row: dict, offset: int = 0, **changes) ->
     """An insert of ``row`` (minus its _rid) under a fresh _rid, with ``changes`` applied."""
     data = {k: v for k, v in row.items() if k != ROW_ID}
     data.update(changes)
-    return Change(table, "insert", db.next_rid[table] + offset, None, data)
+    return Change(table, "insert", db.next_rid(table) + offset, None, data)
 
 
 def update(table: str, row: dict, column: str, value) -> Change:

@@ -84,8 +84,11 @@ def fresh_key(db: Database, table: str, row: dict) -> dict:
     for column in TABLES[table].key:
         if column in RULES[table].key:
             continue
-        scope = f"WHERE hadm_id = {row['hadm_id']}" if column == "seq_num" else ""
-        out[column] = int(db.scalar(f"SELECT coalesce(max({column}), 0) + 1 FROM base.{table} {scope}"))
+        if column == "seq_num":
+            largest = db.scalar(f"SELECT max(seq_num) FROM base.{table} WHERE hadm_id = {row['hadm_id']}")
+        else:
+            largest = db.largest(table, column)
+        out[column] = int(largest or 0) + 1
     return out
 
 
