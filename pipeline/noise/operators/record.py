@@ -181,7 +181,7 @@ def orphan_link(db, q, params, rng):
     row = pick_evidence_row(db, q, rng, f"{link} IS NOT NULL{timed}")
     if row is None:
         return None
-    top = db.scalar(f"SELECT max({link}) FROM base.{parent}")
+    top = db.largest(parent, link)
     dangling = int(top) + int(rng.integers(1, 1000))
     overlay = Overlay([update(table, row, link, dangling)])
     patient = "" if row.get("subject_id") is None else f"AND t.subject_id = {row['subject_id']} "  # skips to it

@@ -253,7 +253,7 @@ def invalid_code(db, q, params, rng):
     if rule.codes and db.has(rule.codes):
         return _icd_code(db, q, row, rule.codes)
     if rule.items and db.has(rule.items) and row.get("itemid") is not None:
-        new = int(db.scalar(f"SELECT max(itemid) FROM base.{rule.items}")) + 1 + int(rng.integers(1000))
+        new = int(db.largest(rule.items, "itemid")) + 1 + int(rng.integers(1000))
         proposal = record_proposal(q, Overlay([update(table, row, "itemid", new)]), "flag", None, None,
                                    [f"{table} _rid={row[ROW_ID]}: itemid {row['itemid']} -> {new} (not in {rule.items})"])
         scope = ", ".join(map(str, proposal.detector.scope[table]))
