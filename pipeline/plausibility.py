@@ -71,19 +71,32 @@ RULES: dict[str, Rule] = {
 PARENT_TIME: dict[tuple[str, str], str] = {(t, c): p for t, c, p in EVENT_TIMES}
 
 
+def curated_bounds() -> pa.Table:
+    """The curated plausibility table (table, label, low, high)."""
+    rows = yaml.safe_load(BOUNDS_FILE.read_text(encoding="utf-8"))
+    return pa.Table.from_pylist(rows, schema=pa.schema([("table", pa.string()), ("label", pa.string()),
+                                                        ("low", pa.float64()), ("high", pa.float64())]))
+
+
 def load_bounds(con: duckdb.DuckDBPyConnection) -> None:
     """Register the curated plausibility table as ``_bounds`` (table, label, low, high) on ``con``."""
-    rows = yaml.safe_load(BOUNDS_FILE.read_text(encoding="utf-8"))
-    con.register("_bounds", pa.Table.from_pylist(
-        rows, schema=pa.schema([("table", pa.string()), ("label", pa.string()),
-                                ("low", pa.float64()), ("high", pa.float64())])))
+    con.register("_bounds", curated_bounds())
 
 
-def register_bounds(con: duckdb.DuckDBPyConnection, tables: Collection[str]) -> None:
-    """Create ``_bounds`` on ``con`` for every numeric item of the staged ``tables``, read under
-    their MIMIC names (on an overlay database: while the clean base is active). Curated rows win
-    over derived ones."""
-    load_bounds(con)
+def register_bounds(con: duckdb.DuckDBPyConnection, tables: Collection[str], bounds: pa.Table | None = None) -> None:
+    """Create ``_bounds`` on ``con``: ``bounds`` (a :func:`bounds_table` measured once and shared by
+    worker processes), or else measured here from the staged ``tables``."""
+    con.register("_measured_bounds", bounds_table(con, tables) if bounds is None else bounds)
+    try:
+        con.execute("CREATE TABLE _bounds AS SELECT * FROM _measured_bounds").fetchall()
+    finally:
+        con.unregister("_measured_bounds")
+
+
+def bounds_table(con: duckdb.DuckDBPyConnection, tables: Collection[str]) -> pa.Table:
+    """(table, label, low, high) for every numeric item of the staged ``tables``, read under their
+    MIMIC names (on an overlay database: while the clean base is active). Curated rows win over
+    derived ones. Each derived bound aggregates a whole event table: measure once per build."""
     derived = []
     for table, rule in sorted(RULES.items()):
         if not (rule.items and rule.value and table in tables and rule.items in tables):
@@ -93,13 +106,14 @@ def register_bounds(con: duckdb.DuckDBPyConnection, tables: Collection[str]) -> 
             f"{DERIVED_FACTOR} * max(e.{rule.value}) AS high FROM {table} e "
             f"JOIN {rule.items} d USING (itemid) WHERE e.{rule.value} IS NOT NULL "
             f"GROUP BY d.label HAVING max(e.{rule.value}) > 0")
-    curated = con.sql("SELECT * FROM _bounds").to_arrow_table()
-    con.unregister("_bounds")
-    con.register("_curated_bounds", curated)
-    union = " UNION ALL ".join(f"SELECT * FROM ({q}) WHERE (\"table\", label) NOT IN "
-                               f"(SELECT (\"table\", label) FROM _curated_bounds)" for q in derived)
-    con.execute("CREATE TABLE _bounds AS SELECT \"table\", label, low::DOUBLE AS low, high::DOUBLE AS high "
-                f"FROM _curated_bounds{' UNION ALL ' + union if union else ''}").fetchall()
+    con.register("_curated_bounds", curated_bounds())
+    try:
+        union = " UNION ALL ".join(f"SELECT * FROM ({q}) WHERE (\"table\", label) NOT IN "
+                                   f"(SELECT (\"table\", label) FROM _curated_bounds)" for q in derived)
+        return con.sql("SELECT \"table\", label, low::DOUBLE AS low, high::DOUBLE AS high "
+                       f"FROM _curated_bounds{' UNION ALL ' + union if union else ''}").to_arrow_table()
+    finally:
+        con.unregister("_curated_bounds")
 
 
 def item_bounds(con: duckdb.DuckDBPyConnection, table: str, label: str | None) -> tuple[float | None, float] | None:

@@ -16,6 +16,7 @@ from concurrent.futures import as_completed
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 
+import duckdb
 import pyarrow as pa
 
 from pipeline.files import stable_int
@@ -31,10 +32,10 @@ from pipeline.noise.model import Candidate
 from pipeline.noise.operators import OPERATORS
 from pipeline.noise.overlay import Database
 from pipeline.noise.verify import CHECKS, failed_checks, verify_candidates
-from pipeline.plausibility import register_bounds
+from pipeline.plausibility import bounds_table, register_bounds
 from pipeline.profile import Profile
 from pipeline.questions.templates import load_templates
-from pipeline.staging import staged_database
+from pipeline.staging import attach_database, configure, staged_database
 from pipeline.workers import worker_pool
 
 SHARDS_PER_WORKER = 4
@@ -107,13 +108,13 @@ def pair_record(c: Candidate, verification: dict, seed: int) -> dict:
 
 def _shard(staged_dir: str, rows: list[dict], seed: int, per_question: int,
            vetoed_families: frozenset[tuple[str, str]], staged_file: str | None = None,
-           processes: int = 1) -> tuple[list[dict], Counter, Profile]:
+           processes: int = 1, bounds: pa.Table | None = None) -> tuple[list[dict], Counter, Profile]:
     profile = Profile()
     with profile.timed("open", "staged tables"):
         templates = load_templates()
         db = Database(staged_dir, staged_file=staged_file, processes=processes)
     try:
-        register_bounds(db.con, db.tables)
+        register_bounds(db.con, db.tables, bounds)
         questions = load_questions(pa.Table.from_pylist(rows), templates)
         pools = entity_pools(questions)
         candidates, proposal = propose(db, questions, seed, per_question, vetoed_families, profile)
@@ -123,6 +124,17 @@ def _shard(staged_dir: str, rows: list[dict], seed: int, per_question: int,
     finally:
         db.close()
     return [pair_record(c, rec, seed) for c, rec in zip(candidates, records)], proposal.not_applicable, profile
+
+
+def _measured_bounds(staged_file: str | os.PathLike) -> pa.Table:
+    """The plausibility bounds of the staged tables, measured once for all shards: each derived
+    bound aggregates a whole event table (labevents: tens of millions of rows at full size)."""
+    con = duckdb.connect()
+    try:
+        configure(con)
+        return bounds_table(con, attach_database(con, staged_file, "base"))
+    finally:
+        con.close()
 
 
 def candidate_records(staged_dir: str | os.PathLike, questions: pa.Table, seed: int,
@@ -154,8 +166,9 @@ def candidate_records(staged_dir: str | os.PathLike, questions: pa.Table, seed: 
     else:
         with nullcontext(staged_file) if staged_file else staged_database(staged_dir) as shared, \
                 worker_pool(workers) as pool:
+            bounds = _measured_bounds(shared)
             futures = [pool.submit(_shard, str(staged_dir), s, seed, per_question, vetoed_families,
-                                   str(shared), workers) for s in shards if s]
+                                   str(shared), workers, bounds) for s in shards if s]
             for done, future in enumerate(as_completed(futures), 1):
                 if progress:
                     progress(done, len(futures), future.result()[0])
