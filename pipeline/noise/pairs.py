@@ -16,7 +16,6 @@ from concurrent.futures import as_completed
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 
-import duckdb
 import pyarrow as pa
 
 from pipeline.files import stable_int
@@ -34,8 +33,9 @@ from pipeline.noise.overlay import Database
 from pipeline.noise.verify import CHECKS, failed_checks, verify_candidates
 from pipeline.plausibility import bounds_table, register_bounds
 from pipeline.profile import Profile
+from pipeline.questions.generate import open_staged
 from pipeline.questions.templates import load_templates
-from pipeline.staging import attach_database, configure, staged_database
+from pipeline.staging import staged_database
 from pipeline.workers import worker_pool
 
 SHARDS_PER_WORKER = 4
@@ -126,13 +126,12 @@ def _shard(staged_dir: str, rows: list[dict], seed: int, per_question: int,
     return [pair_record(c, rec, seed) for c, rec in zip(candidates, records)], proposal.not_applicable, profile
 
 
-def _measured_bounds(staged_file: str | os.PathLike) -> pa.Table:
+def _measured_bounds(staged_dir: str | os.PathLike, staged_file: str | os.PathLike) -> pa.Table:
     """The plausibility bounds of the staged tables, measured once for all shards: each derived
     bound aggregates a whole event table (labevents: tens of millions of rows at full size)."""
-    con = duckdb.connect()
+    con, present = open_staged(staged_dir, staged_file)
     try:
-        configure(con)
-        return bounds_table(con, attach_database(con, staged_file, "base"))
+        return bounds_table(con, present)
     finally:
         con.close()
 
@@ -166,7 +165,7 @@ def candidate_records(staged_dir: str | os.PathLike, questions: pa.Table, seed: 
     else:
         with nullcontext(staged_file) if staged_file else staged_database(staged_dir) as shared, \
                 worker_pool(workers) as pool:
-            bounds = _measured_bounds(shared)
+            bounds = _measured_bounds(staged_dir, shared)
             futures = [pool.submit(_shard, str(staged_dir), s, seed, per_question, vetoed_families,
                                    str(shared), workers, bounds) for s in shards if s]
             for done, future in enumerate(as_completed(futures), 1):

@@ -71,8 +71,11 @@ def verify_candidates(db: Database, candidates: list[Candidate],
             # from its recorded result (Candidate.queries) instead of being planned and run again
             with db.memoized(c.queries):
                 with timed("check", "effect"):
-                    db.use(ids.get(i, Database.CLEAN))
-                    rows = naive[i] if i in naive else db.rows(c.naive_sql)
+                    if i in naive:
+                        rows = naive[i]
+                    else:
+                        db.use(ids.get(i, Database.CLEAN))
+                        rows = db.rows(c.naive_sql)
                     rec["naive_answer"] = answer_of(rows, c.question.answer_type)
                     rec["effect"] = rec["naive_answer"] != expected_outcome(c)
                 if rec["effect"]:
@@ -196,8 +199,8 @@ def _clean_detections(db: Database, candidates: list[Candidate]) -> list[int]:
     found = evidence_violations(db.con, batch, set(db.tables), reasons) if batch else {}
     rows = _on_clean_base(db, {i: c for i, c in enumerate(candidates) if not c.detector.reason},
                           lambda c: c.detector.clean_sql, _shape)
-    return [int(c.detector.reason in found.get(i, set())) if c.detector.reason
-            else int((rows[i][0][0] if rows[i] else None) or 0) for i, c in enumerate(candidates)]
+    return [int(c.detector.reason in found.get(i, set())) if c.detector.reason else _hits(rows[i])
+            for i, c in enumerate(candidates)]
 
 
 def _detections(db: Database, candidates: dict[int, Candidate], ids: dict[int, int]) -> dict[int, int]:
@@ -207,7 +210,12 @@ def _detections(db: Database, candidates: dict[int, Candidate], ids: dict[int, i
              if not c.detector.reason and not db.remembers(c.queries, c.overlay, c.detector.sql)}
     rows = _on_clean_base(db, {i: c for i, c in asked.items() if not c.overlay}, lambda c: c.detector.sql, _shape)
     rows.update(_on_noisy(db, {i: c for i, c in asked.items() if c.overlay}, ids, lambda c: c.detector.sql))
-    return {i: int((found[0][0] if found else None) or 0) for i, found in rows.items()}
+    return {i: _hits(found) for i, found in rows.items()}
+
+
+def _hits(rows: list[tuple]) -> int:
+    """A SQL detector's result as a hit count, read as :func:`_detect` reads ``db.scalar``."""
+    return int((rows[0][0] if rows else None) or 0)
 
 
 def _detect(db: Database, c: Candidate) -> int:
