@@ -20,7 +20,7 @@ from pipeline.noise.model import Candidate, answer_of
 from pipeline.noise.overlay import Database
 from pipeline.profile import Profile
 from pipeline.questions.evidence import evidence_violations
-from pipeline.questions.generate import gold_rows
+from pipeline.questions.generate import gold_rows, template_rows
 from pipeline.schema import ROW_ID, TABLES
 
 CHECKS = ("clean", "local", "effect", "expected", "detectable", "deterministic")  # in the order they run
@@ -58,7 +58,7 @@ def verify_candidates(db: Database, candidates: list[Candidate],
         pending = [i for i, r in enumerate(records) if r["clean"] and r["local"]]
         with timed("check", "effect", 0):
             naive = _on_clean_base(db, {i: candidates[i] for i in pending if not candidates[i].overlay},
-                                   lambda c: c.naive_sql, _shape)
+                                   lambda c: c.naive_sql, _shape, lambda c: c.noisy_slots)
             naive.update(_on_noisy(db, {i: candidates[i] for i in pending if candidates[i].overlay and not
                                         db.remembers(candidates[i].queries, candidates[i].overlay,
                                                      candidates[i].naive_sql)}, ids, lambda c: c.naive_sql))
@@ -142,11 +142,14 @@ def _recovers(db: Database, c: Candidate, overlay_id: int, rec: dict, clean_rows
 
 
 def _on_clean_base(db: Database, candidates: dict[int, Candidate], sql_of: Callable[[Candidate], str],
-                   group_of: Callable[[Candidate], Hashable]) -> dict[int, list[tuple]]:
+                   group_of: Callable[[Candidate], Hashable],
+                   slots_of: Callable[[Candidate], dict] | None = None) -> dict[int, list[tuple]]:
     """Rows of each candidate's ``sql_of`` on the clean base, by the candidate's key; the queries of
     one group (of one template, and of one shape within it) in one statement, as generation runs
-    a template's gold SQL, so each column keeps its type."""
-    return _in_bulk(db, {k: (group_of(c), c, sql_of(c)) for k, c in candidates.items()})
+    a template's gold SQL, so each column keeps its type. With ``slots_of``, a query that is its
+    template's gold SQL rendered with those slots is answered columnar
+    (:func:`~pipeline.questions.generate.template_rows`): one scan for all of a group's."""
+    return _in_bulk(db, {k: (group_of(c), c, sql_of(c)) for k, c in candidates.items()}, slots_of)
 
 
 def _on_noisy(db: Database, candidates: dict[int, Candidate], ids: dict[int, int],
@@ -158,17 +161,25 @@ def _on_noisy(db: Database, candidates: dict[int, Candidate], ids: dict[int, int
                          if c.question.answer_type != "list"})
 
 
-def _in_bulk(db: Database, queries: dict[int, tuple[Hashable, Candidate, str]]) -> dict[int, list[tuple]]:
-    """Rows of each (group, candidate, SQL) by key, a group's queries in one :func:`gold_rows` statement."""
+def _in_bulk(db: Database, queries: dict[int, tuple[Hashable, Candidate, str]],
+             slots_of: Callable[[Candidate], dict] | None = None) -> dict[int, list[tuple]]:
+    """Rows of each (group, candidate, SQL) by key, a group's queries in one :func:`gold_rows`
+    statement, or those that are their slots' gold SQL in one :func:`template_rows` statement."""
     db.use(Database.CLEAN)
     groups: dict[Hashable, dict[int, str]] = defaultdict(dict)
+    slots: dict[Hashable, dict[int, dict]] = defaultdict(dict)
     template_of = {}
     for k, (group, c, sql) in queries.items():
-        groups[group][k] = sql
         template_of[group] = c.question.template
+        if slots_of is not None and c.question.rerender(slots_of(c))[1] == sql:
+            slots[group][k] = slots_of(c)
+        groups[group][k] = sql
     out: dict[int, list[tuple]] = {}
     for group, batch in groups.items():
-        out.update(gold_rows(db.con, template_of[group], batch))
+        columnar = slots.get(group, {})
+        out.update(gold_rows(db.con, template_of[group], {k: sql for k, sql in batch.items() if k not in columnar}))
+        if columnar:
+            out.update(template_rows(db.con, template_of[group], columnar, batch))
     return out
 
 
@@ -178,7 +189,7 @@ def _clean_answers(db: Database, candidates: list[Candidate]) -> dict[str, bool]
     for i, c in enumerate(candidates):
         first.setdefault(c.question.question_id, i)
     rows = _on_clean_base(db, {i: candidates[i] for i in first.values()}, lambda c: c.question.gold_sql,
-                          lambda c: c.question.template.id)
+                          lambda c: c.question.template.id, lambda c: c.question.slots)
     out: dict[str, bool] = {}
     for i, found in rows.items():
         q = candidates[i].question

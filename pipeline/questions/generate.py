@@ -29,7 +29,15 @@ from pipeline.plausibility import load_bounds
 from pipeline.questions.answers import AnswerError, normalise
 from pipeline.questions.evidence import check_evidence
 from pipeline.questions.samplers import SAMPLERS
-from pipeline.questions.templates import Template, load_templates, render
+from pipeline.questions.templates import (
+    SLOT_PREFIX,
+    SLOT_TABLE,
+    Template,
+    literal_slots,
+    load_templates,
+    render,
+    render_columnar,
+)
 from pipeline.sql import register_macros
 from pipeline.staging import (
     MemoryBudgetError,
@@ -136,11 +144,62 @@ def gold_rows(con, template: Template, gold: dict[int, str]) -> dict[int, list[t
     return {i: con.execute(sql).fetchall() for i, sql in gold.items()}
 
 
+def columnar(con, template: Template, slots: dict[int, dict], part: int, columns: str = "q.*") -> pa.Table | None:
+    """Every candidate's gold (``part`` 0) or evidence (1) rows, tagged with its key (column
+    ``cand``), from one ``FROM _slots, LATERAL (sql)`` statement per set of :func:`literal_slots`
+    values (:func:`~pipeline.questions.templates.render_columnar`). DuckDB plans it as joins, so the
+    data is scanned once rather than once per candidate: 10x faster on the demo. None when the slot
+    values make no typed column or DuckDB refuses the query (then each is run as rendered)."""
+    literal = sorted(literal_slots(template))
+    groups: dict[str, dict[int, dict]] = {}
+    for k, s in slots.items():
+        groups.setdefault(_json({n: s[n] for n in literal}), {})[k] = s
+    parts = []
+    try:
+        for batch in groups.values():
+            first = next(iter(batch.values()))
+            sql = render_columnar(template, {n: first[n] for n in literal})[part]
+            table = pa.table({"cand": pa.array(list(batch), pa.int64()),
+                              **{SLOT_PREFIX + n: pa.array([s[n] for s in batch.values()])
+                                 for n in template.slot_names if n not in literal}})
+            con.register(SLOT_TABLE, table)
+            try:
+                parts.append(con.sql(f"SELECT {SLOT_TABLE}.cand, {columns} FROM {SLOT_TABLE}, LATERAL ({sql}) AS q")
+                             .to_arrow_table())
+            finally:
+                con.unregister(SLOT_TABLE)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, duckdb.Error):
+        return None
+    return pa.concat_tables(parts) if len(parts) > 1 else parts[0] if parts else None
+
+
+def _near_rounding(rows: list[tuple]) -> bool:
+    """Whether a float among ``rows`` lies within 1e-9 of a half-cent, where the order a sum was
+    accumulated in (a columnar plan's, not the rendered query's) could move its 2-decimal rounding."""
+    return any(isinstance(v, float) and abs(abs(v) * 100 % 1 - 0.5) < 1e-9 for row in rows for v in row)
+
+
+def template_rows(con, template: Template, slots: dict[int, dict], gold: dict[int, str]) -> dict[int, list[tuple]]:
+    """Gold rows per candidate: in one :func:`columnar` statement where the order of rows does not
+    matter (not a ``list`` answer), else (or when it cannot) by :func:`gold_rows`; a float at a
+    rounding edge is re-checked by its rendered SQL ``gold[k]``, so answers are the rendered SQL's."""
+    table = columnar(con, template, slots, 0) if template.answer_type != "list" and len(slots) > 1 else None
+    if table is None:
+        return gold_rows(con, template, gold)
+    out: dict[int, list[tuple]] = {k: [] for k in slots}
+    for cand, *row in zip(*(c.to_pylist() for c in table.columns)):
+        out[cand].append(tuple(row))
+    edge = {k: gold[k] for k, rows in out.items() if _near_rounding(rows)}
+    out.update(gold_rows(con, template, edge) if edge else {})
+    return out
+
+
 def _evaluate(con, template: Template, cands: list[tuple[dict, int]], present: set[str],
               rejected: Counter) -> list[dict]:
     """Rows of the clean candidates among ``cands`` (slots, variant), in order."""
     rendered = {i: render(template, slots, variant) for i, (slots, variant) in enumerate(cands)}
-    rows_of = gold_rows(con, template, {i: gold for i, (_, gold, _) in rendered.items()})
+    rows_of = template_rows(con, template, {i: slots for i, (slots, _) in enumerate(cands)},
+                            {i: gold for i, (_, gold, _) in rendered.items()})
     rows: dict[int, dict] = {}
     for i, (slots, variant) in enumerate(cands):
         question, gold, _ = rendered[i]
@@ -157,7 +216,9 @@ def _evaluate(con, template: Template, cands: list[tuple[dict, int]], present: s
     if not rows:
         return []
     # kept in Arrow: a population's rows can be millions
-    evidence = con.sql(_union({i: rendered[i][2] for i in rows}, "table_name, _rid")).to_arrow_table()
+    evidence = columnar(con, template, {i: cands[i][0] for i in rows}, 1, "q.table_name, q._rid")
+    if evidence is None:
+        evidence = con.sql(_union({i: rendered[i][2] for i in rows}, "table_name, _rid")).to_arrow_table()
     bad = check_evidence(con, evidence, present, POPULATION_MATERIAL if template.level == "population" else 0.0,
                          candidates=rows)
     rejected.update(bad.values())

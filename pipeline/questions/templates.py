@@ -42,8 +42,58 @@ class SqlLiteral(str):
     """Text already quoted for SQL by the ``sql`` filter."""
 
 
+class SlotColumn:
+    """A slot rendered as a column of the slot table (:data:`SLOT_TABLE`), not as its value: the
+    SQL then answers every candidate of a template in one statement (:func:`render_columnar`).
+    Arithmetic with numbers stays SQL; anything that needs the value itself in Jinja (a test, a
+    comparison, text) raises :class:`NeedsValue` naming the slot, which is then rendered literally."""
+
+    def __init__(self, slot: str, sql: str | None = None):
+        self.slot, self.sql = slot, sql or f'{SLOT_TABLE}."{SLOT_PREFIX}{slot}"'
+
+    def _operand(self, other) -> str:
+        if isinstance(other, SlotColumn):
+            return other.sql
+        if isinstance(other, (int, float)) and not isinstance(other, bool):
+            return repr(other)
+        raise NeedsValue(self.slot)
+
+    def __add__(self, other):
+        return SlotColumn(self.slot, f"({self.sql} + {self._operand(other)})")
+
+    def __radd__(self, other):
+        return SlotColumn(self.slot, f"({self._operand(other)} + {self.sql})")
+
+    def __sub__(self, other):
+        return SlotColumn(self.slot, f"({self.sql} - {self._operand(other)})")
+
+    def __rsub__(self, other):
+        return SlotColumn(self.slot, f"({self._operand(other)} - {self.sql})")
+
+    def _value(self, *_):
+        raise NeedsValue(self.slot)
+
+    __bool__ = __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __str__ = __len__ = __iter__ = _value
+    __hash__ = None  # type: ignore[assignment]
+
+
+class NeedsValue(Exception):
+    """Jinja used a :class:`SlotColumn`'s value, which only a literal rendering has."""
+
+    def __init__(self, slot: str):
+        super().__init__(slot)
+        self.slot = slot
+
+
+SLOT_TABLE = "_slots"  # the relation of slot sets a columnar rendering reads (one row per candidate)
+SLOT_PREFIX = "slot_"  # its columns: never a MIMIC-IV column name an unqualified reference could mean
+_LIMIT_SLOT = re.compile(r"\bLIMIT\s*\{\{\s*(\w+)\s*\}\}", re.IGNORECASE)  # DuckDB: no column in LIMIT
+
+
 def sql_literal(value) -> SqlLiteral:
     """Quote a slot value as a DuckDB literal: strings with doubled quotes, numbers as is."""
+    if isinstance(value, SlotColumn):
+        return SqlLiteral(value.sql)
     if value is None:
         return SqlLiteral("NULL")
     if isinstance(value, bool):
@@ -58,6 +108,8 @@ def sql_literal(value) -> SqlLiteral:
 
 
 def _finalize_sql(value):
+    if isinstance(value, SlotColumn):
+        return value.sql
     if isinstance(value, SqlLiteral) or (isinstance(value, (int, float)) and not isinstance(value, bool)):
         return value
     raise TemplateError(f"value {value!r} rendered into SQL without the |sql filter")
@@ -168,16 +220,53 @@ class Template:
 def render(template: Template, slots: dict, variant: int = 0) -> tuple[str, str, str]:
     """(question, gold_sql, evidence_sql) of ``template`` with ``slots`` and paraphrase ``variant``.
     The noise stage re-renders with changed slots through this same function."""
+    c = _compiled(template)
+    try:
+        return (" ".join(c["questions"][variant].render(slots).split()), *_render_sql(template, slots))
+    except (jinja2.UndefinedError, TemplateError) as exc:
+        raise TemplateError(f"{template.source_file}: template {template.id!r}: {exc}") from exc
+
+
+def _compiled(template: Template) -> dict:
     c = template._compiled
     if not c:
         c["questions"] = [_TEXT_ENV.from_string(q) for q in template.questions]
         c["gold"] = _SQL_ENV.from_string(template.gold_sql)
         c["evidence"] = _SQL_ENV.from_string(template.evidence_sql)
-    try:
-        return (" ".join(c["questions"][variant].render(slots).split()),
-                c["gold"].render(slots).strip(), c["evidence"].render(slots).strip())
-    except (jinja2.UndefinedError, TemplateError) as exc:
-        raise TemplateError(f"{template.source_file}: template {template.id!r}: {exc}") from exc
+    return c
+
+
+def literal_slots(template: Template) -> frozenset[str]:
+    """The slots a columnar rendering must render as values: those in a ``LIMIT`` (DuckDB takes no
+    column there) and those Jinja itself reads (a test, a comparison); found once per template."""
+    c = _compiled(template)
+    if "literal" not in c:
+        literal = {m for sql in (template.gold_sql, template.evidence_sql) for m in _LIMIT_SLOT.findall(sql)}
+        while True:
+            try:
+                render_columnar(template, dict.fromkeys(literal, 1))  # any value: only columns are probed
+                break
+            except NeedsValue as exc:
+                literal.add(exc.slot)
+            except (jinja2.UndefinedError, TypeError, TemplateError):  # needs every slot's value
+                literal = set(template.slot_names)
+                break
+        c["literal"] = frozenset(literal)
+    return c["literal"]
+
+
+def _render_sql(template: Template, slots: dict) -> tuple[str, str]:
+    c = _compiled(template)
+    return c["gold"].render(slots).strip(), c["evidence"].render(slots).strip()
+
+
+def render_columnar(template: Template, literal: dict) -> tuple[str, str]:
+    """(gold_sql, evidence_sql) reading every slot but the :func:`literal_slots` (given in
+    ``literal``) as a column of :data:`SLOT_TABLE`: run as ``FROM _slots, LATERAL (sql)``, one
+    statement answers all candidates sharing those literal values (DuckDB decorrelates it into
+    joins: one scan of the data instead of one per candidate)."""
+    columns = {s: SlotColumn(s) for s in template.slot_names if s not in literal}
+    return _render_sql(template, {**columns, **literal})
 
 
 def load_templates(directory: str | Path | None = None) -> list[Template]:
