@@ -951,6 +951,26 @@ def test_propose_takes_distinct_levels_and_is_deterministic(world):
     assert [c.fingerprint() for c in without if c.question.template.id != family[0]] == untouched
 
 
+def test_noisy_answers_in_bulk_change_nothing_an_operator_decides(world, monkeypatch):
+    """The operators' noisy answers computed columnar beforehand (overlay ids in the slot table)
+    are what each would have asked alone: the same candidates, and they were actually used."""
+    from pipeline.noise import bulk, candidates
+
+    questions = list(world.questions.values())
+    remembered = []
+    original = Database.remember
+    monkeypatch.setattr(Database, "remember", classmethod(
+        lambda cls, memo, overlay, sql, names, rows: remembered.append(sql) or original(memo, overlay, sql, names, rows)))
+    in_bulk, _ = candidates.propose(world.db, questions, SEED, per_question=2)
+    assert remembered and any(sql.startswith("WITH ") for sql in remembered)  # recovery SQL among them
+    monkeypatch.setattr(candidates, "noisy_answers", lambda db, asked: None)
+    alone, _ = candidates.propose(world.db, questions, SEED, per_question=2)
+    assert [c.fingerprint() for c in in_bulk] == [c.fingerprint() for c in alone]
+    assert bulk.restriction("WITH t AS (x)\nSELECT 1", "SELECT 1", "t") == "x"
+    assert bulk.restriction("WITH t AS (x), a AS (y) SELECT 1", "WITH a AS (y) SELECT 1", "t") == "x"
+    assert bulk.restriction("WITH u AS (x)\nSELECT 1", "SELECT 1", "t") is None
+
+
 # ----------------------------------------------------------------------------------------------
 # Operators filter evidence in DuckDB: the rows they may draw are the ones a Python reading of the
 # same rows finds (NaN, zero, blank and odd texts, missing and inverted times, a death time).

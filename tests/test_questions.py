@@ -3,7 +3,6 @@
 import json
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -279,6 +278,9 @@ def test_columnar_rows_are_those_of_each_rendered_query(con, template):
     slots = dict(enumerate(cands))
     rendered = {i: render(template, s)[1:] for i, s in slots.items()}
     evidence = columnar(con, template, slots, 1, "q.table_name, q._rid")
+    if template.level == "population":  # one query per candidate: faster than the joined plan
+        assert evidence is None
+        return
     assert evidence is not None, "the template's evidence SQL does not run columnar"
     got = sorted(zip(*(c.to_pylist() for c in evidence.columns)))
     want = sorted((i, t, r) for i, (_, ev) in rendered.items() for t, r in con.execute(ev).fetchall())
@@ -330,8 +332,8 @@ def test_a_sum_at_a_rounding_edge_is_asked_as_rendered(con, monkeypatch):
     cands, _ = draw_candidates(con, template, np.random.default_rng(0), 12)
     slots = dict(enumerate(cands[:3]))
     gold = {i: render(template, s)[1] for i, s in slots.items()}
-    edge = pa.table({"cand": [0, 1, 2], "v": [1.0049999999999999, 1.0051, None]})
-    monkeypatch.setattr(generate, "columnar", lambda *a, **k: edge)
+    edge = [(0, 1.0049999999999999), (1, 1.0051), (2, None)]
+    monkeypatch.setattr(generate, "columnar_rows", lambda *a, **k: edge)
     asked = []
     original = generate.gold_rows
     monkeypatch.setattr(generate, "gold_rows", lambda c, t, g: asked.append(sorted(g)) or original(c, t, g))

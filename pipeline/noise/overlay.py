@@ -117,6 +117,7 @@ class Database:
         self._active: int | None = None
         self._path: str | None = None  # the search path set last
         self._memo: dict | None = None
+        self._deferring: list[tuple[Overlay, str]] | None = None  # noisy queries put off (:meth:`deferring`)
         self._deferred: tuple[int, Overlay] | None = None  # a memoized noisy block's overlay, not loaded yet
         self._row_cache: dict[tuple[str, int], dict] = {}
         self._largest: dict[tuple[str, str], object] = {}
@@ -184,6 +185,31 @@ class Database:
     def remembers(memo: dict, overlay: Overlay, sql: str) -> bool:
         """Whether :meth:`memoized` with ``memo`` answers ``sql`` under ``overlay`` without asking DuckDB."""
         return (_memo_key(overlay if overlay else None), sql) in memo
+
+    @classmethod
+    def remember(cls, memo: dict, overlay: Overlay, sql: str, names: list[str], rows: list[tuple]) -> None:
+        """Store what ``sql`` gives under ``overlay`` in ``memo``, as :meth:`memoized` would have
+        (results over :attr:`MEMO_ROWS` rows are left to be asked)."""
+        if len(rows) <= cls.MEMO_ROWS:
+            memo[(_memo_key(overlay if overlay else None), sql)] = (names, rows)
+
+    @contextmanager
+    def deferring(self, requests: list[tuple[Overlay, str]]) -> Iterator[None]:
+        """Within the block, :meth:`defers` puts noisy queries off into ``requests`` instead of
+        running them (the operators' first, dry pass: their queries are then answered in bulk)."""
+        outer, self._deferring = self._deferring, requests
+        try:
+            yield
+        finally:
+            self._deferring = outer
+
+    def defers(self, overlay: Overlay, sql: str) -> bool:
+        """Whether ``sql`` under ``overlay`` is put off (:meth:`deferring`; not when the active memo
+        already answers it)."""
+        if self._deferring is None or (self._memo is not None and self.remembers(self._memo, overlay, sql)):
+            return False
+        self._deferring.append((overlay, sql))
+        return True
 
     def scalar(self, sql: str):
         rows = self.rows(sql)
@@ -361,9 +387,7 @@ class Database:
         """``sql`` reading loaded overlay ``overlay_id`` whatever overlay is active: a CTE of each
         touched table's overlaid rows shadows its name. Queries of many overlays then run as one
         statement (a union), which costs less than switching overlays and asking them one by one."""
-        ctes = ", ".join(f"{t} AS NOT MATERIALIZED ({_overlaid_rows(t, str(int(overlay_id)))})"
-                         for t in self._overlay_of[overlay_id].tables)
-        return f"WITH {ctes} SELECT * FROM ({sql}) AS shadowed" if ctes else sql
+        return shadowed(sql, self._overlay_of[overlay_id].tables, str(int(overlay_id)))
 
     def _patch_rows(self, table: str, changes: list[Change]) -> list[dict]:
         """Updated and inserted rows of ``table`` as whole records."""
@@ -381,6 +405,13 @@ def _memo_key(overlay: Overlay | None) -> tuple | None:
     if overlay is None:
         return None
     return tuple((c.table, c.op, c.rid, c.column, c.new_value_json()) for c in overlay.changes)
+
+
+def shadowed(sql: str, tables: Iterable[str], overlay_id: str) -> str:
+    """``sql`` reading each of ``tables`` as overlay ``overlay_id`` (an SQL expression: a number, or
+    a column naming each candidate's overlay in a columnar query) shows it, through a CTE of its name."""
+    ctes = ", ".join(f"{t} AS NOT MATERIALIZED ({_overlaid_rows(t, overlay_id)})" for t in tables)
+    return f"WITH {ctes} SELECT * FROM ({sql}) AS shadowed" if ctes else sql
 
 
 def _overlaid_rows(table: str, overlay_id: str) -> str:

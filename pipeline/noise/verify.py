@@ -17,10 +17,11 @@ from collections import defaultdict
 from collections.abc import Callable, Hashable
 
 from pipeline.noise.model import Candidate, answer_of
-from pipeline.noise.overlay import Database
+from pipeline.noise.overlay import Database, shadowed
 from pipeline.profile import Profile
 from pipeline.questions.evidence import evidence_violations
 from pipeline.questions.generate import gold_rows, template_rows
+from pipeline.questions.templates import SLOT_TABLE
 from pipeline.schema import ROW_ID, TABLES
 
 CHECKS = ("clean", "local", "effect", "expected", "detectable", "deterministic")  # in the order they run
@@ -61,7 +62,8 @@ def verify_candidates(db: Database, candidates: list[Candidate],
                                    lambda c: c.naive_sql, _shape, lambda c: c.noisy_slots)
             naive.update(_on_noisy(db, {i: candidates[i] for i in pending if candidates[i].overlay and not
                                         db.remembers(candidates[i].queries, candidates[i].overlay,
-                                                     candidates[i].naive_sql)}, ids, lambda c: c.naive_sql))
+                                                     candidates[i].naive_sql)}, ids, lambda c: c.naive_sql,
+                                   lambda c: c.noisy_slots))
         with timed("check", "expected", 0):  # for every candidate that may get that far: one statement per shape
             recovered_clean = _on_clean_base(db, {i: candidates[i] for i in pending if _checked_on_clean(candidates[i])},
                                              lambda c: c.recovery_sql, _shape)
@@ -153,12 +155,28 @@ def _on_clean_base(db: Database, candidates: dict[int, Candidate], sql_of: Calla
 
 
 def _on_noisy(db: Database, candidates: dict[int, Candidate], ids: dict[int, int],
-              sql_of: Callable[[Candidate], str]) -> dict[int, list[tuple]]:
+              sql_of: Callable[[Candidate], str], slots_of: Callable[[Candidate], dict] | None = None
+              ) -> dict[int, list[tuple]]:
     """Rows of each candidate's ``sql_of`` on its own noisy database (overlay ``ids[k]``, loaded),
     one statement per shape; not for list answers, whose row order a union would not keep (they
-    are asked one by one, when reached)."""
-    return _in_bulk(db, {k: (_shape(c), c, db.shadowed(sql_of(c), ids[k])) for k, c in candidates.items()
-                         if c.question.answer_type != "list"})
+    are asked one by one, when reached). With ``slots_of``, a query that is its template's gold
+    SQL rendered with those slots is answered columnar, its overlay id a column of the slot table:
+    one statement per template and set of touched tables."""
+    asked = {k: c for k, c in candidates.items() if c.question.answer_type != "list"}
+    by_shape: dict[tuple[str, tuple[str, ...]], dict[int, Candidate]] = defaultdict(dict)
+    for k, c in asked.items():
+        if slots_of is not None and c.question.rerender(slots_of(c))[1] == sql_of(c):
+            by_shape[(c.question.template.id, tuple(c.overlay.tables))][k] = c
+    db.use(Database.CLEAN)
+    out: dict[int, list[tuple]] = {}
+    for (_, tables), batch in by_shape.items():
+        out.update(template_rows(
+            db.con, next(iter(batch.values())).question.template, {k: slots_of(c) for k, c in batch.items()},
+            {k: db.shadowed(sql_of(c), ids[k]) for k, c in batch.items()}, keys={"overlay_id": ids},
+            wrap=lambda sql, tables=tables: shadowed(sql, tables, f"{SLOT_TABLE}.overlay_id")))
+    out.update(_in_bulk(db, {k: (_shape(c), c, db.shadowed(sql_of(c), ids[k])) for k, c in asked.items()
+                             if k not in out}))
+    return out
 
 
 def _in_bulk(db: Database, queries: dict[int, tuple[Hashable, Candidate, str]],

@@ -16,9 +16,11 @@ import json
 import os
 import time
 from collections import Counter
+from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from itertools import repeat
+from typing import TypeVar
 
 import duckdb
 import numpy as np
@@ -49,6 +51,7 @@ from pipeline.staging import (
 )
 from pipeline.workers import worker_pool
 
+T = TypeVar("T")
 DEFAULT_PER_TEMPLATE = 40
 OVERSAMPLE = 3
 POPULATION_MATERIAL = 0.05  # share of a population question's scope rows a data-quality problem must reach
@@ -144,52 +147,81 @@ def gold_rows(con, template: Template, gold: dict[int, str]) -> dict[int, list[t
     return {i: con.execute(sql).fetchall() for i, sql in gold.items()}
 
 
-def columnar(con, template: Template, slots: dict[int, dict], part: int, columns: str = "q.*") -> pa.Table | None:
-    """Every candidate's gold (``part`` 0) or evidence (1) rows, tagged with its key (column
+def columnar(con, template: Template, slots: dict[int, dict], part: int, columns: str = "q.*",
+             keys: Mapping[str, Mapping[int, object]] | None = None,
+             wrap: Callable[[str], str] | None = None) -> pa.Table | None:
+    """Every candidate's gold (``part`` 0) or evidence (1) rows, tagged with its key (first column
     ``cand``), from one ``FROM _slots, LATERAL (sql)`` statement per set of :func:`literal_slots`
     values (:func:`~pipeline.questions.templates.render_columnar`). DuckDB plans it as joins, so the
-    data is scanned once rather than once per candidate: 10x faster on the demo. None when the slot
-    values make no typed column or DuckDB refuses the query (then each is run as rendered)."""
+    data is scanned once rather than once per candidate: 10x faster on the demo. ``keys`` adds
+    columns of the slot table by name (values by candidate), which ``wrap(sql)`` may read (the
+    noise stage's overlay ids). None when the slot values make no typed column or DuckDB refuses
+    the query (then each is run as rendered)."""
+    tables = run_columnar(con, template, slots, part, columns, keys, wrap, lambda con, sql: con.sql(sql).to_arrow_table())
+    return None if not tables else pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+
+
+def columnar_rows(con, template: Template, slots: dict[int, dict], keys: Mapping[str, Mapping[int, object]] | None = None,
+                  wrap: Callable[[str], str] | None = None) -> list[tuple] | None:
+    """:func:`columnar` gold rows as the Python values a rendered query's ``fetchall`` gives
+    (through Arrow, a HUGEINT sum would read as a Decimal)."""
+    found = run_columnar(con, template, slots, 0, "q.*", keys, wrap, lambda con, sql: con.execute(sql).fetchall())
+    return None if found is None else [row for rows in found for row in rows]
+
+
+def run_columnar(con, template: Template, slots: dict[int, dict], part: int, columns: str,
+                 keys: Mapping[str, Mapping[int, object]] | None, wrap: Callable[[str], str] | None,
+                 fetch: Callable[[duckdb.DuckDBPyConnection, str], T]) -> list[T] | None:
+    """What ``fetch(con, sql)`` makes of each of :func:`columnar`'s statements (one per set of
+    literal slot values); None when one fails, and for a population template: its query reads a
+    whole table for each candidate, and DuckDB cannot push the slot values through its windows and
+    aggregates, so the joined plan is slower than one query per candidate (5x at 10,000 patients)."""
+    if template.level != "patient":
+        return None
     literal = sorted(literal_slots(template))
     groups: dict[str, dict[int, dict]] = {}
     for k, s in slots.items():
         groups.setdefault(_json({n: s[n] for n in literal}), {})[k] = s
-    parts = []
+    found = []
     try:
         for batch in groups.values():
             first = next(iter(batch.values()))
             sql = render_columnar(template, {n: first[n] for n in literal})[part]
-            table = pa.table({"cand": pa.array(list(batch), pa.int64()),
-                              **{SLOT_PREFIX + n: pa.array([s[n] for s in batch.values()])
-                                 for n in template.slot_names if n not in literal}})
-            con.register(SLOT_TABLE, table)
+            con.register(SLOT_TABLE, pa.table({
+                "cand": pa.array(list(batch), pa.int64()),
+                **{name: pa.array([values[k] for k in batch]) for name, values in (keys or {}).items()},
+                **{SLOT_PREFIX + n: pa.array([s[n] for s in batch.values()])
+                   for n in template.slot_names if n not in literal}}))
             try:
-                parts.append(con.sql(f"SELECT {SLOT_TABLE}.cand, {columns} FROM {SLOT_TABLE}, LATERAL ({sql}) AS q")
-                             .to_arrow_table())
+                found.append(fetch(con, f"SELECT {SLOT_TABLE}.cand, {columns} FROM {SLOT_TABLE}, "
+                                        f"LATERAL ({wrap(sql) if wrap else sql}) AS q"))
             finally:
                 con.unregister(SLOT_TABLE)
     except (pa.ArrowInvalid, pa.ArrowTypeError, duckdb.Error):
         return None
-    return pa.concat_tables(parts) if len(parts) > 1 else parts[0] if parts else None
+    return found or None
 
 
-def _near_rounding(rows: list[tuple]) -> bool:
+def near_rounding(rows: list[tuple]) -> bool:
     """Whether a float among ``rows`` lies within 1e-9 of a half-cent, where the order a sum was
     accumulated in (a columnar plan's, not the rendered query's) could move its 2-decimal rounding."""
     return any(isinstance(v, float) and abs(abs(v) * 100 % 1 - 0.5) < 1e-9 for row in rows for v in row)
 
 
-def template_rows(con, template: Template, slots: dict[int, dict], gold: dict[int, str]) -> dict[int, list[tuple]]:
-    """Gold rows per candidate: in one :func:`columnar` statement where the order of rows does not
-    matter (not a ``list`` answer), else (or when it cannot) by :func:`gold_rows`; a float at a
-    rounding edge is re-checked by its rendered SQL ``gold[k]``, so answers are the rendered SQL's."""
-    table = columnar(con, template, slots, 0) if template.answer_type != "list" and len(slots) > 1 else None
-    if table is None:
+def template_rows(con, template: Template, slots: dict[int, dict], gold: dict[int, str],
+                  keys: Mapping[str, Mapping[int, object]] | None = None,
+                  wrap: Callable[[str], str] | None = None) -> dict[int, list[tuple]]:
+    """Gold rows per candidate: in one :func:`columnar` statement (``keys``, ``wrap``: see there)
+    where the order of rows does not matter (not a ``list`` answer), else (or when it cannot) by
+    :func:`gold_rows` of each candidate's own SQL ``gold[k]``; a float at a rounding edge is
+    re-checked by ``gold[k]`` too, so answers are those of the SQL as written."""
+    found = columnar_rows(con, template, slots, keys, wrap) if template.answer_type != "list" and len(slots) > 1 else None
+    if found is None:
         return gold_rows(con, template, gold)
     out: dict[int, list[tuple]] = {k: [] for k in slots}
-    for cand, *row in zip(*(c.to_pylist() for c in table.columns)):
+    for cand, *row in found:
         out[cand].append(tuple(row))
-    edge = {k: gold[k] for k, rows in out.items() if _near_rounding(rows)}
+    edge = {k: gold[k] for k, rows in out.items() if near_rounding(rows)}
     out.update(gold_rows(con, template, edge) if edge else {})
     return out
 

@@ -105,11 +105,17 @@ def numeric(table: str, column: str | None) -> str:
     return f"{column} IS NOT NULL" if pa.types.is_integer(kind) or pa.types.is_floating(kind) else "false"
 
 
+PENDING = "<pending>"  # a noisy answer put off by Database.deferring: never an answer itself
+
+
 def gold_answer(db: Database, q: CleanQuestion, overlay: Overlay | None = None, sql: str | None = None) -> str | None:
-    """The question's gold SQL (or ``sql``) answered on the base, or with ``overlay`` applied."""
+    """The question's gold SQL (or ``sql``) answered on the base, or with ``overlay`` applied
+    (:data:`PENDING` while the database defers noisy queries)."""
     sql = sql or q.gold_sql
     if not overlay:
         return answer_of(db.rows(sql), q.answer_type)
+    if db.defers(overlay, sql):
+        return PENDING
     with db.noisy(overlay):
         return answer_of(db.rows(sql), q.answer_type)
 
@@ -120,6 +126,17 @@ def restricted(sql: str, table: str, rows_sql: str) -> str:
     cte = f"{table} AS ({rows_sql})"
     head = re.match(r"\s*WITH\s+(?!RECURSIVE\b)", sql, re.IGNORECASE)
     return f"WITH {cte}, {sql[head.end():]}" if head else f"WITH {cte}\n{sql}"
+
+
+def restriction(sql: str, gold: str, table: str) -> str | None:
+    """The rows SQL that :func:`restricted` put in front of ``gold`` to make ``sql`` (None when
+    ``sql`` is not ``gold`` restricted on ``table``)."""
+    head = re.match(r"\s*WITH\s+(?!RECURSIVE\b)", gold, re.IGNORECASE)
+    start, end = f"WITH {table} AS (", f"), {gold[head.end():]}" if head else f")\n{gold}"
+    if not (sql.startswith(start) and sql.endswith(end)) or len(sql) <= len(start) + len(end):
+        return None
+    rows_sql = sql[len(start):len(sql) - len(end)]
+    return rows_sql if restricted(gold, table, rows_sql) == sql else None
 
 
 def recovered(db: Database, q: CleanQuestion, overlay: Overlay, recovery_sql: str) -> str | None:

@@ -1,0 +1,75 @@
+"""The operators' noisy answers for many candidates at once.
+
+An operator reads its noisy database mostly through the question's gold SQL: as it stands (what
+a naive agent gets) or restricted to the rows a careful analyst keeps or repairs (the recovery
+SQL, :func:`~pipeline.noise.operators.common.restricted`). For the candidates of one template,
+one repair and one set of touched tables, that is the same query up to the slot values and the
+overlay: one columnar statement (:func:`~pipeline.questions.generate.run_columnar`) answers them
+all, each candidate's overlay id a column of the slot table its tables' CTEs read
+(:func:`~pipeline.noise.overlay.shadowed`). Asked one by one, each such query cost several
+milliseconds of planning and a full scan of the repaired table.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+from pipeline.noise.model import CleanQuestion
+from pipeline.noise.operators.common import restricted, restriction
+from pipeline.noise.overlay import Database, Overlay, shadowed
+from pipeline.questions.generate import near_rounding, run_columnar
+from pipeline.questions.templates import SLOT_TABLE
+
+# A repair that ranks rows (de-duplication keeps the first of each event) runs its window over the
+# whole table for every candidate: columnar, it costs ten times more than asking one by one.
+_RANKS = re.compile(r"\bOVER\s*\(", re.IGNORECASE)
+
+Asked = tuple[CleanQuestion, Overlay, str, dict]  # question, overlay, SQL, the memo its answer goes to
+
+
+def noisy_answers(db: Database, asked: list[Asked]) -> None:
+    """Store in each memo what its SQL gives on its question's noisy database (as
+    :meth:`Database.remember`), for those that are the gold SQL or a restriction of it, share
+    their shape with another candidate and whose row order does not matter; the rest stay unasked.
+    A float at a rounding edge is left to be asked as written (see
+    :func:`~pipeline.questions.generate.template_rows`)."""
+    groups: dict[tuple[str, str | None, tuple[str, ...]], dict[int, Asked]] = defaultdict(dict)
+    for k, (q, overlay, sql, _) in enumerate(asked):
+        repair = None if sql == q.gold_sql else restriction(sql, q.gold_sql, q.evidence_table)
+        if (q.answer_type != "list" and (sql == q.gold_sql or (repair is not None and not _RANKS.search(repair)))
+                and q.rerender(q.slots)[1] == q.gold_sql):
+            groups[(q.template.id, repair, tuple(overlay.tables))][k] = asked[k]
+    groups = {shape: batch for shape, batch in groups.items() if len(batch) > 1}
+    ids = {k: db.new_id() for batch in groups.values() for k in batch}
+    db.load({ids[k]: asked[k][1] for k in ids})
+    try:
+        db.use(Database.CLEAN)
+        for (_, repair, tables), batch in groups.items():
+            q0 = next(iter(batch.values()))[0]
+
+            def wrap(gold: str, repair=repair, tables=tables, table=q0.evidence_table) -> str:
+                return shadowed(restricted(gold, table, repair) if repair else gold, tables, f"{SLOT_TABLE}.overlay_id")
+
+            found = run_columnar(db.con, q0.template, {k: a[0].slots for k, a in batch.items()}, 0, "q.*",
+                                 {"overlay_id": ids}, wrap, _described)
+            if found is None:
+                continue
+            rows: dict[int, list[tuple]] = {k: [] for k in batch}
+            names: dict[int, list[str]] = {}
+            for columns, part in found:  # one part per set of literal slot values
+                for cand, *row in part:
+                    rows[cand].append(tuple(row))
+                names.update(dict.fromkeys((cand for cand, *_ in part), columns))
+            for k, (_, overlay, sql, memo) in batch.items():
+                if not near_rounding(rows[k]):
+                    Database.remember(memo, overlay, sql, names.get(k, found[0][0]), rows[k])
+    finally:
+        for oid in ids.values():
+            db.unload(oid)
+
+
+def _described(con, sql: str) -> tuple[list[str], list[tuple]]:
+    """Column names (without the candidate key) and rows, as :meth:`Database.rows` fetches them."""
+    cursor = con.execute(sql)
+    return [d[0] for d in cursor.description][1:], cursor.fetchall()
