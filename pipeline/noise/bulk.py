@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Callable
 
 from pipeline.noise.model import CleanQuestion
 from pipeline.noise.operators.common import restricted, restriction
@@ -34,11 +35,10 @@ def noisy_answers(db: Database, asked: list[Asked]) -> None:
     their shape with another candidate and whose row order does not matter; the rest stay unasked.
     A float at a rounding edge is left to be asked as written (see
     :func:`~pipeline.questions.generate.template_rows`)."""
-    groups: dict[tuple[str, str | None, tuple[str, ...]], dict[int, Asked]] = defaultdict(dict)
+    groups: dict[tuple[str, str, tuple[str, ...]], dict[int, Asked]] = defaultdict(dict)
     for k, (q, overlay, sql, _) in enumerate(asked):
-        repair = None if sql == q.gold_sql else restriction(sql, q.gold_sql, q.evidence_table)
-        if (q.answer_type != "list" and (sql == q.gold_sql or (repair is not None and not _RANKS.search(repair)))
-                and q.rerender(q.slots)[1] == q.gold_sql):
+        repair = repair_of(q, sql, q.slots)
+        if repair is not None:
             groups[(q.template.id, repair, tuple(overlay.tables))][k] = asked[k]
     groups = {shape: batch for shape, batch in groups.items() if len(batch) > 1}
     ids = {k: db.new_id() for batch in groups.values() for k in batch}
@@ -47,12 +47,8 @@ def noisy_answers(db: Database, asked: list[Asked]) -> None:
         db.use(Database.CLEAN)
         for (_, repair, tables), batch in groups.items():
             q0 = next(iter(batch.values()))[0]
-
-            def wrap(gold: str, repair=repair, tables=tables, table=q0.evidence_table) -> str:
-                return shadowed(restricted(gold, table, repair) if repair else gold, tables, f"{SLOT_TABLE}.overlay_id")
-
             found = run_columnar(db.con, q0.template, {k: a[0].slots for k, a in batch.items()}, 0, "q.*",
-                                 {"overlay_id": ids}, wrap, _described)
+                                 {"overlay_id": ids}, on_overlays(q0, repair, tables), _described)
             if found is None:
                 continue
             rows: dict[int, list[tuple]] = {k: [] for k in batch}
@@ -67,6 +63,32 @@ def noisy_answers(db: Database, asked: list[Asked]) -> None:
     finally:
         for oid in ids.values():
             db.unload(oid)
+
+
+def repair_of(q: CleanQuestion, sql: str, slots: dict) -> str | None:
+    """How ``sql`` reads as ``q``'s gold SQL rendered with ``slots``, for a columnar statement: ""
+    for that gold SQL itself, the rows SQL for it restricted to repaired rows that are not ranked
+    (:func:`~pipeline.noise.operators.common.restricted`), None for anything else and for a list
+    answer (a columnar statement does not keep row order)."""
+    if q.answer_type == "list":
+        return None
+    gold = q.rerender(slots)[1]
+    if sql == gold:
+        return ""
+    repair = restriction(sql, gold, q.evidence_table)
+    return repair if repair is not None and not _RANKS.search(repair) else None
+
+
+def repairing(q: CleanQuestion, repair: str) -> Callable[[str], str]:
+    """The gold SQL (as rendered, or columnar) to the query :func:`repair_of` read as ``repair``."""
+    return lambda gold: restricted(gold, q.evidence_table, repair) if repair else gold
+
+
+def on_overlays(q: CleanQuestion, repair: str, tables: tuple[str, ...]) -> Callable[[str], str]:
+    """:func:`repairing`, on each candidate's noisy database: ``tables`` read as the overlay the
+    slot table's ``overlay_id`` column names."""
+    repaired = repairing(q, repair)
+    return lambda gold: shadowed(repaired(gold), tables, f"{SLOT_TABLE}.overlay_id")
 
 
 def _described(con, sql: str) -> tuple[list[str], list[tuple]]:

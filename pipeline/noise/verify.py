@@ -16,12 +16,12 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Hashable
 
+from pipeline.noise.bulk import on_overlays, repair_of, repairing
 from pipeline.noise.model import Candidate, answer_of
-from pipeline.noise.overlay import Database, shadowed
+from pipeline.noise.overlay import Database
 from pipeline.profile import Profile
 from pipeline.questions.evidence import evidence_violations
 from pipeline.questions.generate import gold_rows, template_rows
-from pipeline.questions.templates import SLOT_TABLE
 from pipeline.schema import ROW_ID, TABLES
 
 CHECKS = ("clean", "local", "effect", "expected", "detectable", "deterministic")  # in the order they run
@@ -66,7 +66,7 @@ def verify_candidates(db: Database, candidates: list[Candidate],
                                    lambda c: c.noisy_slots))
         with timed("check", "expected", 0):  # for every candidate that may get that far: one statement per shape
             recovered_clean = _on_clean_base(db, {i: candidates[i] for i in pending if _checked_on_clean(candidates[i])},
-                                             lambda c: c.recovery_sql, _shape)
+                                             lambda c: c.recovery_sql, _shape, lambda c: c.question.slots)
         for i in pending:
             c, rec = candidates[i], records[i]
             # a query the operator already ran on this very noisy (or clean) database is answered
@@ -163,17 +163,19 @@ def _on_noisy(db: Database, candidates: dict[int, Candidate], ids: dict[int, int
     SQL rendered with those slots is answered columnar, its overlay id a column of the slot table:
     one statement per template and set of touched tables."""
     asked = {k: c for k, c in candidates.items() if c.question.answer_type != "list"}
-    by_shape: dict[tuple[str, tuple[str, ...]], dict[int, Candidate]] = defaultdict(dict)
+    by_shape: dict[tuple[str, str, tuple[str, ...]], dict[int, Candidate]] = defaultdict(dict)
     for k, c in asked.items():
-        if slots_of is not None and c.question.rerender(slots_of(c))[1] == sql_of(c):
-            by_shape[(c.question.template.id, tuple(c.overlay.tables))][k] = c
+        repair = repair_of(c.question, sql_of(c), slots_of(c)) if slots_of is not None else None
+        if repair is not None:
+            by_shape[(c.question.template.id, repair, tuple(c.overlay.tables))][k] = c
     db.use(Database.CLEAN)
     out: dict[int, list[tuple]] = {}
-    for (_, tables), batch in by_shape.items():
+    for (_, repair, tables), batch in by_shape.items():
+        q = next(iter(batch.values())).question
         out.update(template_rows(
-            db.con, next(iter(batch.values())).question.template, {k: slots_of(c) for k, c in batch.items()},
+            db.con, q.template, {k: slots_of(c) for k, c in batch.items()},
             {k: db.shadowed(sql_of(c), ids[k]) for k, c in batch.items()}, keys={"overlay_id": ids},
-            wrap=lambda sql, tables=tables: shadowed(sql, tables, f"{SLOT_TABLE}.overlay_id")))
+            wrap=on_overlays(q, repair, tables)))
     out.update(_in_bulk(db, {k: (_shape(c), c, db.shadowed(sql_of(c), ids[k])) for k, c in asked.items()
                              if k not in out}))
     return out
@@ -185,19 +187,20 @@ def _in_bulk(db: Database, queries: dict[int, tuple[Hashable, Candidate, str]],
     statement, or those that are their slots' gold SQL in one :func:`template_rows` statement."""
     db.use(Database.CLEAN)
     groups: dict[Hashable, dict[int, str]] = defaultdict(dict)
-    slots: dict[Hashable, dict[int, dict]] = defaultdict(dict)
-    template_of = {}
+    columnar: dict[tuple[Hashable, str], dict[int, Candidate]] = defaultdict(dict)
     for k, (group, c, sql) in queries.items():
-        template_of[group] = c.question.template
-        if slots_of is not None and c.question.rerender(slots_of(c))[1] == sql:
-            slots[group][k] = slots_of(c)
-        groups[group][k] = sql
+        repair = repair_of(c.question, sql, slots_of(c)) if slots_of is not None else None
+        if repair is not None:
+            columnar[(group, repair)][k] = c
+        else:
+            groups[group][k] = sql
     out: dict[int, list[tuple]] = {}
-    for group, batch in groups.items():
-        columnar = slots.get(group, {})
-        out.update(gold_rows(db.con, template_of[group], {k: sql for k, sql in batch.items() if k not in columnar}))
-        if columnar:
-            out.update(template_rows(db.con, template_of[group], columnar, batch))
+    for batch in groups.values():
+        out.update(gold_rows(db.con, queries[next(iter(batch))][1].question.template, batch))
+    for (_, repair), shape in columnar.items():
+        q = next(iter(shape.values())).question
+        out.update(template_rows(db.con, q.template, {k: slots_of(c) for k, c in shape.items()},
+                                 {k: queries[k][2] for k in shape}, wrap=repairing(q, repair)))
     return out
 
 
