@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Hashable
 
-from pipeline.noise.bulk import on_overlays, repair_of, repairing
+from pipeline.noise.bulk import on_overlays, overlay_batches, repair_of, repairing
 from pipeline.noise.model import Candidate, answer_of
 from pipeline.noise.overlay import Database
 from pipeline.profile import Profile
@@ -161,7 +161,7 @@ def _on_noisy(db: Database, candidates: dict[int, Candidate], ids: dict[int, int
     one statement per shape; not for list answers, whose row order a union would not keep (they
     are asked one by one, when reached). With ``slots_of``, a query that is its template's gold
     SQL rendered with those slots is answered columnar, its overlay id a column of the slot table:
-    one statement per template and set of touched tables."""
+    one statement per template and set of touched tables (:func:`~pipeline.noise.bulk.overlay_batches`)."""
     asked = {k: c for k, c in candidates.items() if c.question.answer_type != "list"}
     by_shape: dict[tuple[str, str, tuple[str, ...]], dict[int, Candidate]] = defaultdict(dict)
     for k, c in asked.items():
@@ -170,12 +170,13 @@ def _on_noisy(db: Database, candidates: dict[int, Candidate], ids: dict[int, int
             by_shape[(c.question.template.id, repair, tuple(c.overlay.tables))][k] = c
     db.use(Database.CLEAN)
     out: dict[int, list[tuple]] = {}
-    for (_, repair, tables), batch in by_shape.items():
-        q = next(iter(batch.values())).question
-        out.update(template_rows(
-            db.con, q.template, {k: slots_of(c) for k, c in batch.items()},
-            {k: db.shadowed(sql_of(c), ids[k]) for k, c in batch.items()}, keys={"overlay_id": ids},
-            wrap=on_overlays(q, repair, tables)))
+    for (_, repair, tables), shape in by_shape.items():
+        q = next(iter(shape.values())).question
+        for batch in overlay_batches(db, tables, list(shape)):
+            out.update(template_rows(
+                db.con, q.template, {k: slots_of(shape[k]) for k in batch},
+                {k: db.shadowed(sql_of(shape[k]), ids[k]) for k in batch}, keys={"overlay_id": ids},
+                wrap=on_overlays(q, repair, tables)))
     out.update(_in_bulk(db, {k: (_shape(c), c, db.shadowed(sql_of(c), ids[k])) for k, c in asked.items()
                              if k not in out}))
     return out
