@@ -952,17 +952,20 @@ def test_propose_takes_distinct_levels_and_is_deterministic(world):
 
 
 def test_noisy_answers_in_bulk_change_nothing_an_operator_decides(world, monkeypatch):
-    """The operators' noisy answers computed columnar beforehand (overlay ids in the slot table)
-    are what each would have asked alone: the same candidates, and they were actually used."""
+    """The operators' noisy answers computed beforehand, columnar (overlay ids in the slot table)
+    or as written in one union, are what each would have asked alone: the same candidates, and
+    they were actually used."""
     from pipeline.noise import bulk, candidates
 
     questions = list(world.questions.values())
-    remembered = []
-    original = Database.remember
+    remembered, unions = [], []
+    original, union = Database.remember, bulk.batched_rows
     monkeypatch.setattr(Database, "remember", classmethod(
         lambda cls, memo, overlay, sql, names, rows: remembered.append(sql) or original(memo, overlay, sql, names, rows)))
+    monkeypatch.setattr(bulk, "batched_rows", lambda con, queries: unions.append(len(queries)) or union(con, queries))
     in_bulk, _ = candidates.propose(world.db, questions, SEED, per_question=2)
     assert remembered and any(sql.startswith("WITH ") for sql in remembered)  # recovery SQL among them
+    assert 0 < sum(unions) < len(remembered)  # both ways ran: columnar, and unions of the queries as written
     monkeypatch.setattr(candidates, "noisy_answers", lambda db, asked: None)
     alone, _ = candidates.propose(world.db, questions, SEED, per_question=2)
     assert [c.fingerprint() for c in in_bulk] == [c.fingerprint() for c in alone]

@@ -7,60 +7,110 @@ one repair and one set of touched tables, that is the same query up to the slot 
 overlay: one columnar statement (:func:`~pipeline.questions.generate.run_columnar`) answers them
 all, each candidate's overlay id a column of the slot table its tables' CTEs read
 (:func:`~pipeline.noise.overlay.shadowed`). Asked one by one, each such query cost several
-milliseconds of planning and a full scan of the repaired table.
+milliseconds of planning and a full scan of the repaired table. What cannot run columnar (a
+population template, a repair that ranks rows, a large table) runs as written, many candidates'
+queries in one UNION ALL, each reading its own overlay: that saves the per-query overhead.
 """
 
 from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+import duckdb
 
 from pipeline.noise.model import CleanQuestion
 from pipeline.noise.operators.common import restricted, restriction
 from pipeline.noise.overlay import Database, Overlay, shadowed
-from pipeline.questions.generate import near_rounding, run_columnar
+from pipeline.questions.generate import batched_rows, near_rounding, run_columnar
 from pipeline.questions.templates import SLOT_TABLE
 
 # A repair that ranks rows (de-duplication keeps the first of each event) runs its window over the
 # whole table for every candidate: columnar, it costs ten times more than asking one by one.
 _RANKS = re.compile(r"\bOVER\s*\(", re.IGNORECASE)
 
-Asked = tuple[CleanQuestion, Overlay, str, dict]  # question, overlay, SQL, the memo its answer goes to
+Asked = tuple[CleanQuestion, str, Overlay, str, dict]  # question, operator, overlay, SQL, the memo its answer goes to
+
+UNION_QUERIES = 64  # queries per UNION ALL statement: its planning grows with it, the overhead it saves does not
+
+
+@dataclass(frozen=True)
+class OnOverlay:
+    """A query to answer on a loaded overlay (its id, and the tables it touches)."""
+    question: CleanQuestion
+    sql: str
+    overlay_id: int
+    tables: tuple[str, ...]
+    shape: Hashable  # queries of one shape (a template and an operator) give columns of the same types
+    slots: dict | None = None  # where ``sql`` may be the question's gold SQL rendered with these slots
+
+
+def overlaid_rows(db: Database, queries: dict[int, OnOverlay]) -> dict[int, tuple[list[str], list[tuple]]]:
+    """Column names and rows of each query on its own noisy database, by key; not for a list
+    answer, whose row order neither statement keeps (those are left to be asked alone).
+
+    A query that is its question's gold SQL (or a :func:`repair_of` it) over small enough tables
+    is answered columnar, one statement per template, repair and set of touched tables
+    (:func:`overlay_batches`); the others, and a float at a rounding edge (see
+    :func:`~pipeline.questions.generate.template_rows`), as written, each reading its overlay
+    through :func:`~pipeline.noise.overlay.shadowed`, one UNION ALL per shape: what one statement
+    saves is the per-query overhead of planning and switching overlays, not the scan. A statement
+    DuckDB refuses leaves its queries unanswered."""
+    db.use(Database.CLEAN)
+    columnar: dict[tuple[str, str, tuple[str, ...]], dict[int, OnOverlay]] = defaultdict(dict)
+    as_written: dict[Hashable, dict[int, OnOverlay]] = defaultdict(dict)
+    for k, a in queries.items():
+        if a.question.answer_type == "list":
+            continue
+        repair = repair_of(a.question, a.sql, a.slots) if a.slots is not None else None
+        if repair is None:
+            as_written[a.shape][k] = a
+        else:
+            columnar[(a.question.template.id, repair, a.tables)][k] = a
+    out: dict[int, tuple[list[str], list[tuple]]] = {}
+    for (_, repair, tables), group in columnar.items():
+        q = next(iter(group.values())).question
+        for batch in overlay_batches(db, tables, list(group)):
+            found = run_columnar(db.con, q.template, {k: group[k].slots for k in batch}, 0, "q.*",
+                                 {"overlay_id": {k: group[k].overlay_id for k in batch}},
+                                 on_overlays(q, repair, tables), _described)
+            if found is None:
+                continue
+            rows: dict[int, list[tuple]] = {k: [] for k in batch}
+            for _, part in found:  # one part per set of literal slot values, all of the template's columns
+                for cand, *row in part:
+                    rows[cand].append(tuple(row))
+            out.update({k: (found[0][0], found_rows) for k, found_rows in rows.items()})
+        for k, a in group.items():
+            if k not in out or near_rounding(out[k][1]):
+                out.pop(k, None)
+                as_written[a.shape][k] = a
+    for group in as_written.values():
+        keys = list(group)
+        for chunk in (keys[i:i + UNION_QUERIES] for i in range(0, len(keys), UNION_QUERIES)):
+            try:
+                columns, rows_of = batched_rows(db.con, {k: shadowed(group[k].sql, group[k].tables,
+                                                                       str(int(group[k].overlay_id)))
+                                                         for k in chunk})
+            except duckdb.Error:
+                continue
+            out.update({k: (columns, rows) for k, rows in rows_of.items()})
+    return out
 
 
 def noisy_answers(db: Database, asked: list[Asked]) -> None:
     """Store in each memo what its SQL gives on its question's noisy database (as
-    :meth:`Database.remember`), for those that are the gold SQL or a restriction of it, share
-    their shape with another candidate and whose row order does not matter; the rest stay unasked.
-    A float at a rounding edge is left to be asked as written (see
-    :func:`~pipeline.questions.generate.template_rows`)."""
-    groups: dict[tuple[str, str, tuple[str, ...]], dict[int, Asked]] = defaultdict(dict)
-    for k, (q, overlay, sql, _) in enumerate(asked):
-        repair = repair_of(q, sql, q.slots)
-        if repair is not None:
-            groups[(q.template.id, repair, tuple(overlay.tables))][k] = asked[k]
-    batches = [({k: batch[k] for k in chunk}, repair, tables) for (_, repair, tables), batch in groups.items()
-               for chunk in overlay_batches(db, tables, list(batch))]
-    ids = {k: db.new_id() for batch, _, _ in batches for k in batch}
-    db.load({ids[k]: asked[k][1] for k in ids})
+    :meth:`Database.remember`), all in a few statements (:func:`overlaid_rows`)."""
+    ids = {k: db.new_id() for k in range(len(asked))}
+    db.load({ids[k]: overlay for k, (_, _, overlay, _, _) in enumerate(asked)})
     try:
-        db.use(Database.CLEAN)
-        for batch, repair, tables in batches:
-            q0 = next(iter(batch.values()))[0]
-            found = run_columnar(db.con, q0.template, {k: a[0].slots for k, a in batch.items()}, 0, "q.*",
-                                 {"overlay_id": ids}, on_overlays(q0, repair, tables), _described)
-            if found is None:
-                continue
-            rows: dict[int, list[tuple]] = {k: [] for k in batch}
-            names: dict[int, list[str]] = {}
-            for columns, part in found:  # one part per set of literal slot values
-                for cand, *row in part:
-                    rows[cand].append(tuple(row))
-                names.update(dict.fromkeys((cand for cand, *_ in part), columns))
-            for k, (_, overlay, sql, memo) in batch.items():
-                if not near_rounding(rows[k]):
-                    Database.remember(memo, overlay, sql, names.get(k, found[0][0]), rows[k])
+        found = overlaid_rows(db, {k: OnOverlay(q, sql, ids[k], tuple(overlay.tables), (q.template.id, name), q.slots)
+                                   for k, (q, name, overlay, sql, _) in enumerate(asked)})
+        for k, (columns, rows) in found.items():
+            _, _, overlay, sql, memo = asked[k]
+            Database.remember(memo, overlay, sql, columns, rows)
     finally:
         for oid in ids.values():
             db.unload(oid)

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.files import stable_int
-from pipeline.noise.bulk import noisy_answers
+from pipeline.noise.bulk import Asked, noisy_answers
 from pipeline.noise.model import Candidate, CleanQuestion, OperatorParams
 from pipeline.noise.operators import OPERATORS
 from pipeline.noise.overlay import Database, Overlay
@@ -128,7 +128,7 @@ def _answered_in_bulk(db: Database, questions: list[CleanQuestion], seed: int, p
     candidates of a template at once (:func:`~pipeline.noise.bulk.noisy_answers`). Where an answer
     would have changed the dry pass's course, the real run asks what it still needs itself."""
     memos: dict[tuple[str, str], dict] = {}
-    asked: list[tuple[CleanQuestion, Overlay, str, dict]] = []
+    asked: list[Asked] = []
     for q in questions:
         def dry(name: str, q: CleanQuestion = q) -> Candidate | None:
             memo: dict = {}
@@ -136,7 +136,7 @@ def _answered_in_bulk(db: Database, questions: list[CleanQuestion], seed: int, p
             with profile.timed("operator", name, calls=0), db.deferring(deferred):  # the real run counts the call
                 cand = run_operator(db, q, name, seed, pools, queries=memo)
             memos[(q.question_id, name)] = memo
-            asked.extend((q, overlay, sql, memo) for overlay, sql in deferred)
+            asked.extend((q, name, overlay, sql, memo) for overlay, sql in deferred)
             return cand
         _tried(q, seed, per_question, vetoed_families, dry)
     with profile.timed("operator", "noisy answers in bulk", len(asked)):

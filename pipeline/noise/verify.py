@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Hashable
 
-from pipeline.noise.bulk import on_overlays, overlay_batches, repair_of, repairing
+from pipeline.noise.bulk import OnOverlay, overlaid_rows, repair_of, repairing
 from pipeline.noise.model import Candidate, answer_of
 from pipeline.noise.overlay import Database
 from pipeline.profile import Profile
@@ -157,29 +157,14 @@ def _on_clean_base(db: Database, candidates: dict[int, Candidate], sql_of: Calla
 def _on_noisy(db: Database, candidates: dict[int, Candidate], ids: dict[int, int],
               sql_of: Callable[[Candidate], str], slots_of: Callable[[Candidate], dict] | None = None
               ) -> dict[int, list[tuple]]:
-    """Rows of each candidate's ``sql_of`` on its own noisy database (overlay ``ids[k]``, loaded),
-    one statement per shape; not for list answers, whose row order a union would not keep (they
-    are asked one by one, when reached). With ``slots_of``, a query that is its template's gold
-    SQL rendered with those slots is answered columnar, its overlay id a column of the slot table:
-    one statement per template and set of touched tables (:func:`~pipeline.noise.bulk.overlay_batches`)."""
-    asked = {k: c for k, c in candidates.items() if c.question.answer_type != "list"}
-    by_shape: dict[tuple[str, str, tuple[str, ...]], dict[int, Candidate]] = defaultdict(dict)
-    for k, c in asked.items():
-        repair = repair_of(c.question, sql_of(c), slots_of(c)) if slots_of is not None else None
-        if repair is not None:
-            by_shape[(c.question.template.id, repair, tuple(c.overlay.tables))][k] = c
-    db.use(Database.CLEAN)
-    out: dict[int, list[tuple]] = {}
-    for (_, repair, tables), shape in by_shape.items():
-        q = next(iter(shape.values())).question
-        for batch in overlay_batches(db, tables, list(shape)):
-            out.update(template_rows(
-                db.con, q.template, {k: slots_of(shape[k]) for k in batch},
-                {k: db.shadowed(sql_of(shape[k]), ids[k]) for k in batch}, keys={"overlay_id": ids},
-                wrap=on_overlays(q, repair, tables)))
-    out.update(_in_bulk(db, {k: (_shape(c), c, db.shadowed(sql_of(c), ids[k])) for k, c in asked.items()
-                             if k not in out}))
-    return out
+    """Rows of each candidate's ``sql_of`` on its own noisy database (overlay ``ids[k]``, loaded), in
+    a few statements (:func:`~pipeline.noise.bulk.overlaid_rows`; with ``slots_of``, columnar where
+    the query is its template's gold SQL rendered with those slots). Those it leaves (list answers)
+    are asked one by one, when reached."""
+    return {k: rows for k, (_, rows) in overlaid_rows(db, {
+        k: OnOverlay(c.question, sql_of(c), ids[k], tuple(c.overlay.tables), _shape(c),
+                     slots_of(c) if slots_of is not None else None)
+        for k, c in candidates.items()}).items()}
 
 
 def _in_bulk(db: Database, queries: dict[int, tuple[Hashable, Candidate, str]],

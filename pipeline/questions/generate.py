@@ -126,12 +126,14 @@ def _union(queries: dict[int, str], columns: str = "*") -> str:
     return "\nUNION ALL\n".join(f"SELECT {i} AS cand, {columns} FROM ({sql}) AS q{i}" for i, sql in queries.items())
 
 
-def _batched(con, queries: dict[int, str]) -> dict[int, list[tuple]]:
-    """Rows of each query, by key, from one :func:`_union` statement."""
+def batched_rows(con, queries: dict[int, str]) -> tuple[list[str], dict[int, list[tuple]]]:
+    """Column names (those of every query: they share a shape) and rows of each query, by key,
+    from one :func:`_union` statement."""
+    cursor = con.execute(_union(queries))
     out: dict[int, list[tuple]] = {i: [] for i in queries}
-    for cand, *row in con.execute(_union(queries)).fetchall():
+    for cand, *row in cursor.fetchall():
         out[cand].append(tuple(row))
-    return out
+    return [d[0] for d in cursor.description][1:], out
 
 
 def gold_rows(con, template: Template, gold: dict[int, str]) -> dict[int, list[tuple]]:
@@ -141,7 +143,7 @@ def gold_rows(con, template: Template, gold: dict[int, str]) -> dict[int, list[t
     surfaces exactly as before."""
     if template.answer_type != "list" and len(gold) > 1:
         try:
-            return _batched(con, gold)
+            return batched_rows(con, gold)[1]
         except duckdb.Error:
             pass
     return {i: con.execute(sql).fetchall() for i, sql in gold.items()}
