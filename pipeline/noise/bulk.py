@@ -48,12 +48,11 @@ class OnOverlay:
 
 
 def overlaid_rows(db: Database, queries: dict[int, OnOverlay]) -> dict[int, tuple[list[str], list[tuple]]]:
-    """Column names and rows of each query on its own noisy database, by key; not for a list
-    answer, whose row order neither statement keeps (those are left to be asked alone).
+    """Column names and rows of each query on its own noisy database, by key.
 
     A query that is its question's gold SQL (or a :func:`repair_of` it) over small enough tables
     is answered columnar, one statement per template, repair and set of touched tables
-    (:func:`overlay_batches`); the others, and a float at a rounding edge (see
+    (:func:`overlay_batches`; not for a list answer: a join keeps no row order); the others, and a float at a rounding edge (see
     :func:`~pipeline.questions.generate.template_rows`), as written, each reading its overlay
     through :func:`~pipeline.noise.overlay.shadowed`, one UNION ALL per shape: what one statement
     saves is the per-query overhead of planning and switching overlays, not the scan. A statement
@@ -62,8 +61,6 @@ def overlaid_rows(db: Database, queries: dict[int, OnOverlay]) -> dict[int, tupl
     columnar: dict[tuple[str, str, tuple[str, ...]], dict[int, OnOverlay]] = defaultdict(dict)
     as_written: dict[Hashable, dict[int, OnOverlay]] = defaultdict(dict)
     for k, a in queries.items():
-        if a.question.answer_type == "list":
-            continue
         repair = repair_of(a.question, a.sql, a.slots) if a.slots is not None else None
         if repair is None:
             as_written[a.shape][k] = a
@@ -88,15 +85,21 @@ def overlaid_rows(db: Database, queries: dict[int, OnOverlay]) -> dict[int, tupl
                 out.pop(k, None)
                 as_written[a.shape][k] = a
     for group in as_written.values():
-        keys = list(group)
-        for chunk in (keys[i:i + UNION_QUERIES] for i in range(0, len(keys), UNION_QUERIES)):
-            try:
-                columns, rows_of = batched_rows(db.con, {k: shadowed(group[k].sql, group[k].tables,
-                                                                       str(int(group[k].overlay_id)))
-                                                         for k in chunk})
-            except duckdb.Error:
-                continue
-            out.update({k: (columns, rows) for k, rows in rows_of.items()})
+        out.update(union_rows(db.con, {k: shadowed(a.sql, a.tables, str(int(a.overlay_id))) for k, a in group.items()}))
+    return out
+
+
+def union_rows(con, queries: dict[int, str]) -> dict[int, tuple[list[str], list[tuple]]]:
+    """Column names and rows of each query (all of one shape), :data:`UNION_QUERIES` of them per
+    UNION ALL statement; a statement DuckDB refuses leaves its queries out."""
+    keys = list(queries)
+    out: dict[int, tuple[list[str], list[tuple]]] = {}
+    for chunk in (keys[i:i + UNION_QUERIES] for i in range(0, len(keys), UNION_QUERIES)):
+        try:
+            columns, rows_of = batched_rows(con, {k: queries[k] for k in chunk})
+        except duckdb.Error:
+            continue
+        out.update({k: (columns, rows) for k, rows in rows_of.items()})
     return out
 
 

@@ -159,8 +159,8 @@ def _on_noisy(db: Database, candidates: dict[int, Candidate], ids: dict[int, int
               ) -> dict[int, list[tuple]]:
     """Rows of each candidate's ``sql_of`` on its own noisy database (overlay ``ids[k]``, loaded), in
     a few statements (:func:`~pipeline.noise.bulk.overlaid_rows`; with ``slots_of``, columnar where
-    the query is its template's gold SQL rendered with those slots). Those it leaves (list answers)
-    are asked one by one, when reached."""
+    the query is its template's gold SQL rendered with those slots). Those it leaves are asked one
+    by one, when reached."""
     return {k: rows for k, (_, rows) in overlaid_rows(db, {
         k: OnOverlay(c.question, sql_of(c), ids[k], tuple(c.overlay.tables), _shape(c),
                      slots_of(c) if slots_of is not None else None)

@@ -122,13 +122,14 @@ def draw_candidates(con, template: Template, rng: np.random.Generator, n: int) -
 def _union(queries: dict[int, str], columns: str = "*") -> str:
     """The queries as one UNION ALL, each row tagged with its query's key (``cand``): these queries
     are small and their cost is planning and per-query overhead, which one statement pays far less
-    of than forty."""
+    of than forty. Each query's rows keep their order: DuckDB preserves row order through a SELECT
+    from one subquery and through UNION ALL (its SQL dialect's "order preservation" guarantees)."""
     return "\nUNION ALL\n".join(f"SELECT {i} AS cand, {columns} FROM ({sql}) AS q{i}" for i, sql in queries.items())
 
 
 def batched_rows(con, queries: dict[int, str]) -> tuple[list[str], dict[int, list[tuple]]]:
-    """Column names (those of every query: they share a shape) and rows of each query, by key,
-    from one :func:`_union` statement."""
+    """Column names (those of every query: they share a shape) and rows of each query in its own
+    order, by key, from one :func:`_union` statement."""
     cursor = con.execute(_union(queries))
     out: dict[int, list[tuple]] = {i: [] for i in queries}
     for cand, *row in cursor.fetchall():
@@ -137,11 +138,10 @@ def batched_rows(con, queries: dict[int, str]) -> tuple[list[str], dict[int, lis
 
 
 def gold_rows(con, template: Template, gold: dict[int, str]) -> dict[int, list[tuple]]:
-    """Gold rows per candidate. Batched unless the answer is a ``list`` (row order inside a union
-    branch is not guaranteed); slot values are never the answer column itself, so the union's
-    common column type is each query's own. A failing batch is re-run query by query, so an error
-    surfaces exactly as before."""
-    if template.answer_type != "list" and len(gold) > 1:
+    """Gold rows per candidate, in one :func:`batched_rows` statement; slot values are never the
+    answer column itself, so the union's common column type is each query's own. A failing batch
+    is re-run query by query, so an error surfaces exactly as before."""
+    if len(gold) > 1:
         try:
             return batched_rows(con, gold)[1]
         except duckdb.Error:
