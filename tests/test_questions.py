@@ -8,6 +8,7 @@ import pytest
 
 from pipeline.questions import (
     TemplateError,
+    generate,
     generate_questions,
     load_templates,
     open_staged,
@@ -272,26 +273,38 @@ COLUMNAR_CANDIDATES = 12
 def test_columnar_rows_are_those_of_each_rendered_query(con, template):
     """One LATERAL statement over the slot table stands for each candidate's rendered SQL: same
     evidence rows, same normalised gold answer (sums may differ in the last bit: their order).
-    Where it does not run (population templates; list answers, whose row order a join does not
-    keep), one UNION ALL of the rendered queries gives each one's rows in its own order."""
+    Where it does not run (list answers, whose row order a join does not keep), one UNION ALL of
+    the rendered queries gives each one's rows in its own order."""
     cands, _ = draw_candidates(con, template, np.random.default_rng(3), COLUMNAR_CANDIDATES)
     if len(cands) < 2:
         pytest.skip("the demo has no slot values for this template (no chartevents)")
     slots = dict(enumerate(cands))
     rendered = {i: render(template, s)[1:] for i, s in slots.items()}
     evidence = columnar(con, template, slots, 1, "q.table_name, q._rid")
-    if template.level == "population":  # one query per candidate: faster than the joined plan
-        assert evidence is None
-    else:
-        assert evidence is not None, "the template's evidence SQL does not run columnar"
-        got = sorted(zip(*(c.to_pylist() for c in evidence.columns)))
-        want = sorted((i, t, r) for i, (_, ev) in rendered.items() for t, r in con.execute(ev).fetchall())
-        assert got == want
-        if template.answer_type != "list":
-            assert columnar(con, template, slots, 0) is not None, "the template's gold SQL does not run columnar"
+    assert evidence is not None, "the template's evidence SQL does not run columnar"
+    got = sorted(zip(*(c.to_pylist() for c in evidence.columns)))
+    want = sorted((i, t, r) for i, (_, ev) in rendered.items() for t, r in con.execute(ev).fetchall())
+    assert got == want
+    if template.answer_type != "list":
+        assert columnar(con, template, slots, 0) is not None, "the template's gold SQL does not run columnar"
     rows = template_rows(con, template, slots, {i: gold for i, (gold, _) in rendered.items()})
     for i, (gold, _) in rendered.items():
         assert _answer(rows[i], template) == _answer(con.execute(gold).fetchall(), template), slots[i]
+
+
+def test_population_templates_over_large_tables_run_as_rendered(con, monkeypatch):
+    """A population query reads a whole table per candidate: over a table larger than the limit,
+    the joined plan would grow with table times candidates, so each candidate runs as rendered."""
+    by_id = {t.id: t for t in TEMPLATES}
+    population, patient = by_id["lab_patients_tested_with_diagnosis"], by_id["lab_count_first_days"]
+    for template in (population, patient):
+        counts = [con.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0] for t in template.tables_needed()]
+        assert generate.largest_read(con, template) == max(counts)
+    monkeypatch.setattr(generate, "COLUMNAR_POPULATION_ROWS", generate.largest_read(con, population) - 1)
+    slots = {i: s for i, s in enumerate(draw_candidates(con, population, np.random.default_rng(3), 4)[0])}
+    assert len(slots) > 1 and columnar(con, population, slots, 1, "q._rid") is None
+    slots = {i: s for i, s in enumerate(draw_candidates(con, patient, np.random.default_rng(3), 4)[0])}
+    assert len(slots) > 1 and columnar(con, patient, slots, 1, "q._rid") is not None
 
 
 def _answer(rows, template):
