@@ -145,14 +145,9 @@ def temp_dir() -> str:
 
 
 def configure(con: duckdb.DuckDBPyConnection, processes: int = 1, at_most_mib: int | None = None) -> None:
-    """Bound one connection's memory (see :func:`memory_limit`) and give it a place to spill.
-
-    DuckDB 2.0's ``common_subplan`` optimizer is off: it turns the subplans that the queries of one
-    UNION ALL share (a template's gold SQL for candidates with the same diagnosis) into buffered
-    CTEs, and on one thread such a statement slowed from 0.8 s to 52 s for 60 queries (10,000
-    patients, ``med_top_drugs_with_diagnosis``); the work it would save is a few milliseconds."""
+    """Bound one connection's memory (see :func:`memory_limit`) and give it a place to spill."""
     for setting, value in (("memory_limit", memory_limit(processes, at_most_mib)), ("temp_directory", temp_dir()),
-                           ("enable_progress_bar", False), ("disabled_optimizers", "common_subplan")):
+                           ("enable_progress_bar", False)):
         con.execute(f"SET {setting} = {quote_string(value) if isinstance(value, str) else value}").fetchall()
 
 

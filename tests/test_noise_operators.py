@@ -956,13 +956,14 @@ def test_noisy_answers_in_bulk_change_nothing_an_operator_decides(world, monkeyp
     or as written in one union, are what each would have asked alone: the same candidates, and
     they were actually used."""
     from pipeline.noise import bulk, candidates
+    from pipeline.questions import generate
 
     questions = list(world.questions.values())
     remembered, unions = [], []
-    original, union = Database.remember, bulk.batched_rows
+    original, union = Database.remember, generate.batched_rows
     monkeypatch.setattr(Database, "remember", classmethod(
         lambda cls, memo, overlay, sql, names, rows: remembered.append(sql) or original(memo, overlay, sql, names, rows)))
-    monkeypatch.setattr(bulk, "batched_rows", lambda con, queries: unions.append(len(queries)) or union(con, queries))
+    monkeypatch.setattr(generate, "batched_rows", lambda con, queries: unions.append(len(queries)) or union(con, queries))
     in_bulk, _ = candidates.propose(world.db, questions, SEED, per_question=2)
     assert remembered and any(sql.startswith("WITH ") for sql in remembered)  # recovery SQL among them
     assert 0 < sum(unions) < len(remembered)  # both ways ran: columnar, and unions of the queries as written

@@ -220,29 +220,6 @@ def test_staged_database_is_shared_read_only_and_removed_after(demo_staged, tmp_
     assert (memory_limit(1, at_most_mib=1024), memory_limit(4, at_most_mib=1024)) == ("1024MiB", "715MiB")
 
 
-def test_build_connections_plan_unions_without_common_subplans(demo_staged):
-    """DuckDB 2.0 plans the subplans that the queries of one UNION ALL share as buffered CTEs; on
-    one thread that slowed 60 gold queries of a template from 0.8 s to 52 s. Both stages'
-    connections turn that optimizer off (the same statement still plans one without it)."""
-    from pipeline.noise.overlay import Database
-    from pipeline.questions.generate import _union, open_staged
-    from pipeline.questions.templates import load_templates, render
-
-    template = next(t for t in load_templates() if t.id == "med_top_drugs_with_diagnosis")
-    diagnosis = "Acute kidney failure, unspecified"
-    union = _union({n: render(template, {"diagnosis": diagnosis, "top_n": n}, 0)[1] for n in (3, 4, 5)})
-    con, _ = open_staged(demo_staged)
-    db = Database(demo_staged)
-    try:
-        for c in (con, db.con):
-            assert "__common_subplan" not in c.sql("EXPLAIN " + union).fetchall()[0][1]
-        con.execute("SET disabled_optimizers = ''")
-        assert "__common_subplan" in con.sql("EXPLAIN " + union).fetchall()[0][1]
-    finally:
-        con.close()
-        db.close()
-
-
 def _one_deleted_lab(db):
     from pipeline.noise.overlay import Change, Overlay
 

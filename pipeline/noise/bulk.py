@@ -19,12 +19,10 @@ from collections import defaultdict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-import duckdb
-
 from pipeline.noise.model import CleanQuestion
 from pipeline.noise.operators.common import restricted, restriction
 from pipeline.noise.overlay import Database, Overlay, shadowed
-from pipeline.questions.generate import batched_rows, near_rounding, run_columnar
+from pipeline.questions.generate import near_rounding, run_columnar, union_rows
 from pipeline.questions.templates import SLOT_TABLE
 
 # A repair that ranks rows (de-duplication keeps the first of each event) runs its window over the
@@ -32,9 +30,6 @@ from pipeline.questions.templates import SLOT_TABLE
 _RANKS = re.compile(r"\bOVER\s*\(", re.IGNORECASE)
 
 Asked = tuple[CleanQuestion, str, Overlay, str, dict]  # question, operator, overlay, SQL, the memo its answer goes to
-
-UNION_QUERIES = 64  # queries per UNION ALL statement: its planning grows with it, the overhead it saves does not
-
 
 @dataclass(frozen=True)
 class OnOverlay:
@@ -52,11 +47,12 @@ def overlaid_rows(db: Database, queries: dict[int, OnOverlay]) -> dict[int, tupl
 
     A query that is its question's gold SQL (or a :func:`repair_of` it) over small enough tables
     is answered columnar, one statement per template, repair and set of touched tables
-    (:func:`overlay_batches`; not for a list answer: a join keeps no row order); the others, and a float at a rounding edge (see
-    :func:`~pipeline.questions.generate.template_rows`), as written, each reading its overlay
-    through :func:`~pipeline.noise.overlay.shadowed`, one UNION ALL per shape: what one statement
-    saves is the per-query overhead of planning and switching overlays, not the scan. A statement
-    DuckDB refuses leaves its queries unanswered."""
+    (:func:`overlay_batches`; not for a list answer: a join keeps no row order); the others, and a
+    float at a rounding edge (see :func:`~pipeline.questions.generate.template_rows`), as written,
+    each reading its overlay through :func:`~pipeline.noise.overlay.shadowed`, a shape's queries in
+    :func:`~pipeline.questions.generate.union_rows` statements: what one statement saves is the
+    per-query overhead of planning and switching overlays, not the scan. A statement DuckDB refuses
+    leaves its queries unanswered."""
     db.use(Database.CLEAN)
     columnar: dict[tuple[str, str, tuple[str, ...]], dict[int, OnOverlay]] = defaultdict(dict)
     as_written: dict[Hashable, dict[int, OnOverlay]] = defaultdict(dict)
@@ -86,20 +82,6 @@ def overlaid_rows(db: Database, queries: dict[int, OnOverlay]) -> dict[int, tupl
                 as_written[a.shape][k] = a
     for group in as_written.values():
         out.update(union_rows(db.con, {k: shadowed(a.sql, a.tables, str(int(a.overlay_id))) for k, a in group.items()}))
-    return out
-
-
-def union_rows(con, queries: dict[int, str]) -> dict[int, tuple[list[str], list[tuple]]]:
-    """Column names and rows of each query (all of one shape), :data:`UNION_QUERIES` of them per
-    UNION ALL statement; a statement DuckDB refuses leaves its queries out."""
-    keys = list(queries)
-    out: dict[int, tuple[list[str], list[tuple]]] = {}
-    for chunk in (keys[i:i + UNION_QUERIES] for i in range(0, len(keys), UNION_QUERIES)):
-        try:
-            columns, rows_of = batched_rows(con, {k: queries[k] for k in chunk})
-        except duckdb.Error:
-            continue
-        out.update({k: (columns, rows) for k, rows in rows_of.items()})
     return out
 
 
