@@ -124,7 +124,9 @@ UNION_QUERIES = 16
 DuckDB's ``common_subplan`` optimizer computes what its queries share once (a population template's
 pass over labevents at 10,000 patients: 4x faster than one query each). Past about 30 queries that
 share subplans, DuckDB 2.0 on one thread slowed down sharply: 60 gold queries of
-``med_top_drugs_with_diagnosis`` took 52 s in one statement, 0.8 s in chunks of 16."""
+``med_top_drugs_with_diagnosis`` took 52 s in one statement, 0.8 s in chunks of 16. The twelve
+slowest templates at 10,000 patients: 112 s in chunks of 16, 150 s in whole unions with the
+optimizer off; on the demo's noise stage chunks of 16 and 64 are within noise of each other."""
 
 
 def _union(queries: dict[int, str], columns: str = "*") -> str:
