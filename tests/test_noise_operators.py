@@ -975,6 +975,41 @@ def test_noisy_answers_in_bulk_change_nothing_an_operator_decides(world, monkeyp
     assert bulk.restriction("WITH u AS (x)\nSELECT 1", "SELECT 1", "t") is None
 
 
+def test_a_template_reading_a_touched_table_twice_runs_as_written_over_overlays(world, candidates, monkeypatch):
+    """Columnar over overlays, each read of such a table is every candidate's copy, joined to all
+    the others (dx_pair_same_admission on the demo: 50-60 ms per candidate); as written, in unions,
+    the answers are the same."""
+    from pipeline.noise import bulk
+    from pipeline.questions.templates import load_templates
+
+    real = {t.id: t.gold_sql for t in load_templates()}
+    assert bulk.reads_twice(real["dx_pair_same_admission"], ("diagnoses_icd",))
+    assert bulk.reads_twice(real["icu_patients_input_after_input_hours"], ("admissions", "inputevents"))
+    assert not bulk.reads_twice(real["dx_pair_same_admission"], ("admissions",))
+    assert not bulk.reads_twice(real["dx_patients_with_diagnosis"], ("diagnoses_icd",))
+
+    db = world.db
+    noisy = {i: c for i, c in enumerate(candidates.values()) if c.overlay and c.question.answer_type != "list"}
+    ids = {i: db.new_id() for i in noisy}
+    db.load({ids[i]: c.overlay for i, c in noisy.items()})
+    columnar, original = [], bulk.run_columnar
+    monkeypatch.setattr(bulk, "run_columnar", lambda con, t, *a: columnar.append(t.id) or original(con, t, *a))
+    try:
+        asked = {i: bulk.OnOverlay(c.question, c.question.gold_sql, ids[i], tuple(c.overlay.tables),
+                                   c.question.template.id, c.question.slots) for i, c in noisy.items()}
+        def answers() -> dict:
+            return {i: answer_of(rows, noisy[i].question.answer_type) for i, (_, rows) in bulk.overlaid_rows(db, asked).items()}
+
+        by_default = answers()
+        assert columnar and len(by_default) == len(asked)
+        columnar.clear()
+        monkeypatch.setattr(bulk, "reads_twice", lambda sql, tables: True)
+        assert answers() == by_default and not columnar
+    finally:
+        for oid in ids.values():
+            db.unload(oid)
+
+
 # ----------------------------------------------------------------------------------------------
 # Operators filter evidence in DuckDB: the rows they may draw are the ones a Python reading of the
 # same rows finds (NaN, zero, blank and odd texts, missing and inverted times, a death time).

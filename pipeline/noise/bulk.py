@@ -8,7 +8,7 @@ overlay: one columnar statement (:func:`~pipeline.questions.generate.run_columna
 all, each candidate's overlay id a column of the slot table its tables' CTEs read
 (:func:`~pipeline.noise.overlay.shadowed`). Asked one by one, each such query cost several
 milliseconds of planning and a full scan of the repaired table. What cannot run columnar (a
-population template, a repair that ranks rows, a large table) runs as written, many candidates'
+large table, a repair that ranks rows, a table read twice) runs as written, many candidates'
 queries in one UNION ALL, each reading its own overlay: that saves the per-query overhead.
 """
 
@@ -47,9 +47,10 @@ def overlaid_rows(db: Database, queries: dict[int, OnOverlay]) -> dict[int, tupl
 
     A query that is its question's gold SQL (or a :func:`repair_of` it) over small enough tables
     is answered columnar, one statement per template, repair and set of touched tables
-    (:func:`overlay_batches`; not for a list answer: a join keeps no row order); the others, and a
-    float at a rounding edge (see :func:`~pipeline.questions.generate.template_rows`), as written,
-    each reading its overlay through :func:`~pipeline.noise.overlay.shadowed`, a shape's queries in
+    (:func:`overlay_batches`; not for a list answer: a join keeps no row order; nor for a template
+    that :func:`reads_twice` a touched table); the others, and a float at a rounding edge (see
+    :func:`~pipeline.questions.generate.template_rows`), as written, each reading its overlay
+    through :func:`~pipeline.noise.overlay.shadowed`, a shape's queries in
     :func:`~pipeline.questions.generate.union_rows` statements: what one statement saves is the
     per-query overhead of planning and switching overlays, not the scan. A statement DuckDB refuses
     leaves its queries unanswered."""
@@ -58,7 +59,7 @@ def overlaid_rows(db: Database, queries: dict[int, OnOverlay]) -> dict[int, tupl
     as_written: dict[Hashable, dict[int, OnOverlay]] = defaultdict(dict)
     for k, a in queries.items():
         repair = repair_of(a.question, a.sql, a.slots) if a.slots is not None else None
-        if repair is None:
+        if repair is None or reads_twice(a.question.template.gold_sql, a.tables):
             as_written[a.shape][k] = a
         else:
             columnar[(a.question.template.id, repair, a.tables)][k] = a
@@ -108,6 +109,16 @@ before a candidate's own filter applies: each candidate costs in proportion to t
 demo's tables (labevents: 108K rows) a 5-10x gain over one query each; at 10,000 patients
 (prescriptions: 764K rows, 13 candidates at once) 10 ms per candidate, more than asking alone."""
 OVERLAID_ROWS = 10_000_000  # base rows times candidates in one statement: bounds what it holds at once
+
+
+def reads_twice(sql: str, tables: tuple[str, ...]) -> bool:
+    """Whether ``sql`` reads one of ``tables`` more than once (a self-join, a subquery). Columnar
+    over overlays, each such read is every candidate's copy of the table, and DuckDB joins the
+    copies of all candidates to each other before a candidate's own overlay id applies. On the demo
+    (diagnoses_icd: 4,500 rows) dx_pair_same_admission took 50-60 ms per candidate, and the two
+    noise shards holding it and icu_patients_input_after_input_hours 55-63 s, 44 s with these as
+    written."""
+    return any(len(re.findall(rf"\b(?:FROM|JOIN)\s+{t}\b", sql)) > 1 for t in tables)
 
 
 def overlay_batches(db: Database, tables: tuple[str, ...], keys: list[int]) -> list[list[int]]:
