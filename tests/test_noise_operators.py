@@ -696,6 +696,21 @@ def test_naive_answers_by_hand(records):
     assert naive["ambiguous_reference-lab_ck"] is None
 
 
+def test_evidence_rule_detectors_run_in_unions_each_on_its_own_overlay(world, candidates, monkeypatch):
+    """Evidence-rule detectors over a few rows run many candidates to a statement, each branch
+    reading its own overlay: the verdicts are those of running each on its noisy database alone."""
+    from pipeline.noise import verify
+
+    named, original = [], verify.inline_violations_sql
+    monkeypatch.setattr(verify, "inline_violations_sql", lambda cand, *a: named.append(cand) or original(cand, *a))
+    together = verify_candidates(world.db, list(candidates.values()), rerun(world.db))
+    assert len(named) == sum(bool(c.detector.reason) for c in candidates.values()) > 1
+    monkeypatch.setattr(verify, "inline_violations_sql", lambda *a: None)
+    alone = verify_candidates(world.db, list(candidates.values()), rerun(world.db))
+    assert together == alone
+    assert sum(r["detector_noisy"] for r in together if "detector_noisy" in r) > 1
+
+
 def test_verification_in_one_batch_matches_one_by_one(world, candidates, records):
     """Many overlays loaded at once (several inserting the same fresh _rid) stay independent."""
     batch = verify_candidates(world.db, list(candidates.values()), rerun(world.db))

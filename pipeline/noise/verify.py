@@ -20,8 +20,8 @@ from pipeline.noise.bulk import OnOverlay, overlaid_rows, repair_of, repairing
 from pipeline.noise.model import Candidate, answer_of
 from pipeline.noise.overlay import Database
 from pipeline.profile import Profile
-from pipeline.questions.evidence import evidence_violations
-from pipeline.questions.generate import gold_rows, template_rows
+from pipeline.questions.evidence import evidence_violations, inline_violations_sql
+from pipeline.questions.generate import gold_rows, template_rows, union_rows
 from pipeline.schema import ROW_ID, TABLES
 
 CHECKS = ("clean", "local", "effect", "expected", "detectable", "deterministic")  # in the order they run
@@ -84,12 +84,12 @@ def verify_candidates(db: Database, candidates: list[Candidate],
                     with timed("check", "expected"):
                         rec["expected"] = _recovers(db, c, ids.get(i, Database.CLEAN), rec, recovered_clean.get(i))
         reached = [i for i in pending if records[i].get("expected")]
-        with timed("check", "detectable (noisy)", 0):  # SQL detectors in bulk; evidence rules one by one
-            sql_detected = _detections(db, {i: candidates[i] for i in reached}, ids)
+        with timed("check", "detectable (noisy)", 0):  # detectors in bulk, but evidence rules over many rows
+            in_bulk = _detections(db, {i: candidates[i] for i in reached}, ids)
         for i in reached:
             with db.memoized(candidates[i].queries), timed("check", "detectable (noisy)"):
-                if i in sql_detected:
-                    records[i]["detector_noisy"] = sql_detected[i]
+                if i in in_bulk:
+                    records[i]["detector_noisy"] = in_bulk[i]
                 else:
                     db.use(ids.get(i, Database.CLEAN))
                     records[i]["detector_noisy"] = _detect(db, candidates[i])
@@ -222,13 +222,23 @@ def _clean_detections(db: Database, candidates: list[Candidate]) -> list[int]:
 
 
 def _detections(db: Database, candidates: dict[int, Candidate], ids: dict[int, int]) -> dict[int, int]:
-    """Hits of the SQL detectors on their noisy databases, one statement per shape; a detector query
-    the operator already ran on its noisy database is left to :func:`_detect`'s memo."""
+    """Hits of the detectors on their noisy databases: SQL detectors one statement per shape, and
+    evidence rules over a few rows in unions, each reading its own overlay; a detector query the
+    operator already ran on its noisy database, and an evidence rule over many rows, are left to
+    :func:`_detect`."""
     asked = {i: c for i, c in candidates.items()
              if not c.detector.reason and not db.remembers(c.queries, c.overlay, c.detector.sql)}
     rows = _on_clean_base(db, {i: c for i, c in asked.items() if not c.overlay}, lambda c: c.detector.sql, _shape)
     rows.update(_on_noisy(db, {i: c for i, c in asked.items() if c.overlay}, ids, lambda c: c.detector.sql))
-    return {i: _hits(found) for i, found in rows.items()}
+    found = {i: _hits(r) for i, r in rows.items()}
+    ruled: dict[int, str] = {}
+    for i, c in candidates.items():
+        if c.detector.reason and (sql := inline_violations_sql(i, _scope_rows(c), set(db.tables), {c.detector.reason})):
+            ruled[i] = db.shadowed(sql, ids[i]) if c.overlay else sql
+    db.use(Database.CLEAN)
+    for i, (_, hits) in union_rows(db.con, ruled).items():
+        found[i] = int(any(reason == candidates[i].detector.reason for _, reason in hits))
+    return found
 
 
 def _hits(rows: list[tuple]) -> int:

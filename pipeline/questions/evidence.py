@@ -173,6 +173,53 @@ def check_evidence(con: duckdb.DuckDBPyConnection, evidence: Evidence, present: 
     return rejected
 
 
+def violations_sql(table: str, e: str, present: set[str], reasons: set[str] | None = None,
+                   material: float = 0.0) -> str | None:
+    """The statement listing ``(cand, reason)`` for the evidence rows ``e`` (``cand``, then the
+    columns of ``table``) that :func:`evidence_violations` runs per table; None when no check of
+    ``reasons`` applies to ``table``."""
+    rule = RULES.get(table)
+    if rule is None:
+        return None
+    checks, scoped = ([sql for sql in kind(table, rule, present) if reasons is None or any(f"'{r}'" in sql for r in reasons)]
+                      for kind in (row_checks, scope_checks))
+    if not checks + scoped:
+        return None
+    if scoped:
+        checks.append(f"""SELECT h.cand, h.reason FROM ({" UNION ALL ".join(scoped)}) h (cand, reason, n)
+                          JOIN (SELECT cand, count(*) AS n FROM s GROUP BY cand) z USING (cand)
+                          WHERE h.n > {float(material)} * z.n""")
+    body = "\nUNION ALL\n".join(checks)
+    return f"""
+        WITH e AS MATERIALIZED ({e}){_scope_ctes(table) if scoped else ""}
+        {body}"""
+
+
+def inline_violations_sql(cand: int, rows: list[tuple[str, int]], present: set[str],
+                          reasons: set[str]) -> str | None:
+    """:func:`violations_sql` for one candidate's few evidence rows of one table (up to
+    :data:`INLINE_ROWS`), named in the statement itself; None for more rows or tables, or when no
+    check applies: such a statement may run in a union with others, each on its own overlay."""
+    tables = {t for t, _ in rows}
+    if len(tables) != 1 or len(rows) > INLINE_ROWS:
+        return None
+    table = tables.pop()
+    _require_staged({table}, present)
+    return violations_sql(table, _rows_named(cand, table, [r for _, r in rows]), present, reasons)
+
+
+def _require_staged(table_names: set[str], present: set[str]) -> None:
+    unknown = sorted(table_names - set(RULES) - present)
+    if unknown:
+        raise ValueError(f"evidence names table(s) {unknown} that are not staged")
+
+
+def _rows_named(cand: int, table: str, rids: list[int]) -> str:
+    mine = sorted(rids)
+    return (f"SELECT {int(cand)} AS cand, t.* FROM {table} t WHERE t._rid IN ({', '.join(map(str, mine))}) "
+            f"AND t._rid BETWEEN {mine[0]} AND {mine[-1]}")  # the range lets zone maps skip
+
+
 def evidence_violations(con: duckdb.DuckDBPyConnection, evidence: Evidence, present: set[str],
                         reasons: set[str] | None = None, material: float = 0.0) -> dict[int, set[str]]:
     """Every reason that fires for each candidate's evidence rows; with ``reasons``, only the checks
@@ -193,37 +240,20 @@ def evidence_violations(con: duckdb.DuckDBPyConnection, evidence: Evidence, pres
                                  "_rid": pa.array(rids, pa.int64())})
     if not table_names:
         return {}
-    unknown = sorted(table_names - set(RULES) - present)
-    if unknown:
-        raise ValueError(f"evidence names table(s) {unknown} that are not staged")
+    _require_staged(table_names, present)
     if inline is None:
         con.register("_ev", evidence)
     found: dict[int, set[str]] = {}
     try:
         for table in sorted(table_names):
-            rule = RULES.get(table)
-            if rule is None:
-                continue
-            checks, scoped = ([sql for sql in kind(table, rule, present)
-                               if reasons is None or any(f"'{r}'" in sql for r in reasons)]
-                              for kind in (row_checks, scope_checks))
-            if not checks + scoped:
-                continue
-            if scoped:
-                checks.append(f"""SELECT h.cand, h.reason FROM ({" UNION ALL ".join(scoped)}) h (cand, reason, n)
-                                  JOIN (SELECT cand, count(*) AS n FROM s GROUP BY cand) z USING (cand)
-                                  WHERE h.n > {float(material)} * z.n""")
-            body = "\nUNION ALL\n".join(checks)
             if inline is not None:
-                mine = sorted(r for t, r in evidence[inline] if t == table)
-                e = (f"SELECT {int(inline)} AS cand, t.* FROM {table} t WHERE t._rid IN ({', '.join(map(str, mine))}) "
-                     f"AND t._rid BETWEEN {mine[0]} AND {mine[-1]}")  # the range lets zone maps skip
+                e = _rows_named(inline, table, [r for t, r in evidence[inline] if t == table])
             else:
                 e = f"SELECT ev.cand, t.* FROM _ev ev JOIN {table} t ON t._rid = ev._rid WHERE ev.table_name = '{table}'"
-            hits = con.execute(f"""
-                WITH e AS MATERIALIZED ({e}){_scope_ctes(table) if scoped else ""}
-                {body}""").fetchall()
-            for c, reason in hits:
+            sql = violations_sql(table, e, present, reasons, material)
+            if sql is None:
+                continue
+            for c, reason in con.execute(sql).fetchall():
                 found.setdefault(c, set()).add(reason)
     finally:
         if inline is None:
