@@ -84,7 +84,7 @@ def verify_candidates(db: Database, candidates: list[Candidate],
                     with timed("check", "expected"):
                         rec["expected"] = _recovers(db, c, ids.get(i, Database.CLEAN), rec, recovered_clean.get(i))
         reached = [i for i in pending if records[i].get("expected")]
-        with timed("check", "detectable (noisy)", 0):  # detectors in bulk, but evidence rules over many rows
+        with timed("check", "detectable (noisy)", 0):  # in bulk; evidence rules over many rows one by one
             in_bulk = _detections(db, {i: candidates[i] for i in reached}, ids)
         for i in reached:
             with db.memoized(candidates[i].queries), timed("check", "detectable (noisy)"):
@@ -232,8 +232,9 @@ def _detections(db: Database, candidates: dict[int, Candidate], ids: dict[int, i
     rows.update(_on_noisy(db, {i: c for i, c in asked.items() if c.overlay}, ids, lambda c: c.detector.sql))
     found = {i: _hits(r) for i, r in rows.items()}
     ruled: dict[int, str] = {}
+    present = set(db.tables)
     for i, c in candidates.items():
-        if c.detector.reason and (sql := inline_violations_sql(i, _scope_rows(c), set(db.tables), {c.detector.reason})):
+        if c.detector.reason and (sql := inline_violations_sql(i, _scope_rows(c), present, {c.detector.reason})):
             ruled[i] = db.shadowed(sql, ids[i]) if c.overlay else sql
     db.use(Database.CLEAN)
     for i, (_, hits) in union_rows(db.con, ruled).items():
