@@ -4,6 +4,8 @@ A :class:`Profile` is filled while candidates are proposed (part ``operator``, o
 operator) and verified (part ``check``, one entry per check; ``open`` for the per-shard database
 and overlay loading), travels back from each worker, and is merged. Its numbers are CPU-side wall
 seconds inside workers, so with N workers they add up to about N times the stage's wall time.
+Part :data:`STATEMENTS` breaks the bulk statements on overlays down by template and operator: time
+already counted under an operator or a check, listed apart (:meth:`Profile.slowest`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from collections import Counter, defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+
+STATEMENTS = "statements"
 
 
 @dataclass
@@ -38,16 +42,39 @@ class Profile:
         return self
 
     def rows(self) -> list[dict]:
-        """One row per (part, name), parts in first-seen order, slowest first within a part."""
-        parts = list(dict.fromkeys(part for part, _ in self.seconds))
-        total = sum(self.seconds.values()) or 1.0
-        return [{"part": part, "name": name, "seconds": s, "share": s / total, "calls": self.calls[(part, name)],
-                 "ms_per_call": 1000 * s / max(self.calls[(part, name)], 1)}
-                for part in parts
+        """One row per (part, name) but :data:`STATEMENTS`, parts in first-seen order, slowest first
+        within a part; shares of their total."""
+        parts = [part for part in dict.fromkeys(part for part, _ in self.seconds) if part != STATEMENTS]
+        total = sum(s for (part, _), s in self.seconds.items() if part != STATEMENTS) or 1.0
+        return [self._row(part, name, s, total) for part in parts
                 for (p, name), s in sorted(self.seconds.items(), key=lambda kv: -kv[1]) if p == part]
 
+    def slowest(self, n: int = 15) -> list[dict]:
+        """The ``n`` slowest entries of :data:`STATEMENTS`, shares of the profile's total."""
+        total = sum(s for (part, _), s in self.seconds.items() if part != STATEMENTS) or 1.0
+        return [self._row(STATEMENTS, name, s, total) for (part, name), s in
+                sorted(self.seconds.items(), key=lambda kv: (-kv[1], kv[0])) if part == STATEMENTS][:n]
+
+    def _row(self, part: str, name: str, seconds: float, total: float) -> dict:
+        calls = self.calls[(part, name)]
+        return {"part": part, "name": name, "seconds": seconds, "share": seconds / total, "calls": calls,
+                "ms_per_call": 1000 * seconds / max(calls, 1)}
+
     def lines(self) -> list[str]:
+        """The table of :meth:`rows`, then, if any, the slowest bulk statements by template and operator."""
         out = [f"{'part':<9}{'name':<26}{'seconds':>9}{'share':>8}{'calls':>9}{'ms/call':>9}"]
-        out += [f"{r['part']:<9}{r['name']:<26}{r['seconds']:>9.1f}{r['share']:>8.1%}{r['calls']:>9,}"
-                f"{r['ms_per_call']:>9.1f}" for r in self.rows()]
+        out += [_line(r) for r in self.rows()]
+        slowest = self.slowest()
+        if slowest:
+            out.append("slowest bulk statements on overlays, by template and operator (within the rows above;"
+                       " calls: queries):")
+            out += [_line(r) for r in slowest]
         return out
+
+
+def _line(r: dict) -> str:
+    name = r["name"] if len(r["name"]) <= 50 else r["name"][:49] + "…"
+    width = 26 if r["part"] != STATEMENTS else 50
+    part = f"{r['part']:<9}" if r["part"] != STATEMENTS else "  "
+    return (f"{part}{name:<{width}}{r['seconds']:>9.1f}{r['share']:>8.1%}{r['calls']:>9,}"
+            f"{r['ms_per_call']:>9.1f}")

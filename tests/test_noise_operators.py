@@ -982,12 +982,32 @@ def test_noisy_answers_in_bulk_change_nothing_an_operator_decides(world, monkeyp
     in_bulk, _ = candidates.propose(world.db, questions, SEED, per_question=2)
     assert remembered and any(sql.startswith("WITH ") for sql in remembered)  # recovery SQL among them
     assert 0 < sum(unions) < len(remembered)  # both ways ran: columnar, and unions of the queries as written
-    monkeypatch.setattr(candidates, "noisy_answers", lambda db, asked: None)
+    monkeypatch.setattr(candidates, "noisy_answers", lambda db, asked, profile=None: None)
     alone, _ = candidates.propose(world.db, questions, SEED, per_question=2)
     assert [c.fingerprint() for c in in_bulk] == [c.fingerprint() for c in alone]
     assert bulk.restriction("WITH t AS (x)\nSELECT 1", "SELECT 1", "t") == "x"
     assert bulk.restriction("WITH t AS (x), a AS (y) SELECT 1", "WITH a AS (y) SELECT 1", "t") == "x"
     assert bulk.restriction("WITH u AS (x)\nSELECT 1", "SELECT 1", "t") is None
+
+
+def test_the_noise_profile_breaks_bulk_statements_down_by_template_and_operator(world):
+    """``--profile`` names the template and operator (or the template's columnar statements) that
+    the bulk statements on overlays spent their time on, apart from the operator and check rows."""
+    from pipeline.noise.candidates import propose
+    from pipeline.profile import STATEMENTS, Profile
+
+    profile = Profile()
+    questions = list(world.questions.values())
+    found, _ = propose(world.db, questions, SEED, per_question=2, profile=profile)
+    verify_candidates(world.db, found, rerun(world.db), profile)
+    named = [r["name"] for r in profile.slowest(1000)]
+    possible = {f"{q.template.id} / {op}" for q in questions for op in OPERATORS} | {
+        f"{q.template.id} (columnar)" for q in questions}
+    assert named and set(named) <= possible
+    assert set(named) & {f"{c.question.template.id} / {c.operator.name}" for c in found}
+    assert STATEMENTS not in {r["part"] for r in profile.rows()}
+    bulk_calls = profile.calls[("operator", "noisy answers in bulk")]
+    assert sum(profile.calls[(STATEMENTS, name)] for name in named) >= bulk_calls > 0
 
 
 def test_a_template_reading_a_touched_table_twice_runs_as_written_over_overlays(world, candidates, monkeypatch):

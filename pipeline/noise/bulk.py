@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pipeline.noise.model import CleanQuestion
 from pipeline.noise.operators.common import restricted, restriction
 from pipeline.noise.overlay import Database, Overlay, shadowed
+from pipeline.profile import STATEMENTS, Profile
 from pipeline.questions.generate import near_rounding, run_columnar, union_rows
 from pipeline.questions.templates import SLOT_TABLE
 
@@ -42,7 +43,8 @@ class OnOverlay:
     slots: dict | None = None  # where ``sql`` may be the question's gold SQL rendered with these slots
 
 
-def overlaid_rows(db: Database, queries: dict[int, OnOverlay]) -> dict[int, tuple[list[str], list[tuple]]]:
+def overlaid_rows(db: Database, queries: dict[int, OnOverlay],
+                  profile: Profile | None = None) -> dict[int, tuple[list[str], list[tuple]]]:
     """Column names and rows of each query on its own noisy database, by key.
 
     A query that is its question's gold SQL (or a :func:`repair_of` it) over small enough tables
@@ -53,7 +55,9 @@ def overlaid_rows(db: Database, queries: dict[int, OnOverlay]) -> dict[int, tupl
     through :func:`~pipeline.noise.overlay.shadowed`, a shape's queries in
     :func:`~pipeline.questions.generate.union_rows` statements: what one statement saves is the
     per-query overhead of planning and switching overlays, not the scan. A statement DuckDB refuses
-    leaves its queries unanswered."""
+    leaves its queries unanswered. ``profile`` gets the time of each template's columnar statements
+    and of each shape's unions (part :data:`~pipeline.profile.STATEMENTS`)."""
+    timed = (profile or Profile()).timed
     db.use(Database.CLEAN)
     columnar: dict[tuple[str, str, tuple[str, ...]], dict[int, OnOverlay]] = defaultdict(dict)
     as_written: dict[Hashable, dict[int, OnOverlay]] = defaultdict(dict)
@@ -67,9 +71,10 @@ def overlaid_rows(db: Database, queries: dict[int, OnOverlay]) -> dict[int, tupl
     for (_, repair, tables), group in columnar.items():
         q = next(iter(group.values())).question
         for batch in overlay_batches(db, tables, list(group)):
-            found = run_columnar(db.con, q.template, {k: group[k].slots for k in batch}, 0, "q.*",
-                                 {"overlay_id": {k: group[k].overlay_id for k in batch}},
-                                 on_overlays(q, repair, tables), _described)
+            with timed(STATEMENTS, f"{q.template.id} (columnar)", len(batch)):
+                found = run_columnar(db.con, q.template, {k: group[k].slots for k in batch}, 0, "q.*",
+                                     {"overlay_id": {k: group[k].overlay_id for k in batch}},
+                                     on_overlays(q, repair, tables), _described)
             if found is None:
                 continue
             rows: dict[int, list[tuple]] = {k: [] for k in batch}
@@ -81,19 +86,21 @@ def overlaid_rows(db: Database, queries: dict[int, OnOverlay]) -> dict[int, tupl
             if k not in out or near_rounding(out[k][1]):
                 out.pop(k, None)
                 as_written[a.shape][k] = a
-    for group in as_written.values():
-        out.update(union_rows(db.con, {k: shadowed(a.sql, a.tables, str(int(a.overlay_id))) for k, a in group.items()}))
+    for shape, group in as_written.items():
+        with timed(STATEMENTS, " / ".join(map(str, shape)) if isinstance(shape, tuple) else str(shape), len(group)):
+            out.update(union_rows(db.con, {k: shadowed(a.sql, a.tables, str(int(a.overlay_id)))
+                                           for k, a in group.items()}))
     return out
 
 
-def noisy_answers(db: Database, asked: list[Asked]) -> None:
+def noisy_answers(db: Database, asked: list[Asked], profile: Profile | None = None) -> None:
     """Store in each memo what its SQL gives on its question's noisy database (as
-    :meth:`Database.remember`), all in a few statements (:func:`overlaid_rows`)."""
+    :meth:`Database.remember`), all in a few statements (:func:`overlaid_rows`, timed in ``profile``)."""
     ids = {k: db.new_id() for k in range(len(asked))}
     db.load({ids[k]: overlay for k, (_, _, overlay, _, _) in enumerate(asked)})
     try:
         found = overlaid_rows(db, {k: OnOverlay(q, sql, ids[k], tuple(overlay.tables), (q.template.id, name), q.slots)
-                                   for k, (q, name, overlay, sql, _) in enumerate(asked)})
+                                   for k, (q, name, overlay, sql, _) in enumerate(asked)}, profile)
         for k, (columns, rows) in found.items():
             _, _, overlay, sql, memo = asked[k]
             Database.remember(memo, overlay, sql, columns, rows)

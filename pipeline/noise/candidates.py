@@ -140,5 +140,5 @@ def _answered_in_bulk(db: Database, questions: list[CleanQuestion], seed: int, p
             return cand
         _tried(q, seed, per_question, vetoed_families, dry)
     with profile.timed("operator", "noisy answers in bulk", len(asked)):
-        noisy_answers(db, asked)
+        noisy_answers(db, asked, profile)
     return memos

@@ -45,7 +45,8 @@ def verify_candidates(db: Database, candidates: list[Candidate],
     candidate's own noisy database (:meth:`Database.shadowed`), and only read if reached.
     ``profile`` gets each check's time (``open``: loading the overlays).
     """
-    timed = (profile or Profile()).timed
+    profile = profile or Profile()
+    timed = profile.timed
     overlays = {i: c.overlay for i, c in enumerate(candidates) if c.overlay}
     ids = {i: db.new_id() for i in overlays}
     with timed("open", "load overlays", len(overlays)):
@@ -63,7 +64,7 @@ def verify_candidates(db: Database, candidates: list[Candidate],
             naive.update(_on_noisy(db, {i: candidates[i] for i in pending if candidates[i].overlay and not
                                         db.remembers(candidates[i].queries, candidates[i].overlay,
                                                      candidates[i].naive_sql)}, ids, lambda c: c.naive_sql,
-                                   lambda c: c.noisy_slots))
+                                   lambda c: c.noisy_slots, profile))
         with timed("check", "expected", 0):  # for every candidate that may get that far: one statement per shape
             recovered_clean = _on_clean_base(db, {i: candidates[i] for i in pending if _checked_on_clean(candidates[i])},
                                              lambda c: c.recovery_sql, _shape, lambda c: c.question.slots)
@@ -85,7 +86,7 @@ def verify_candidates(db: Database, candidates: list[Candidate],
                         rec["expected"] = _recovers(db, c, ids.get(i, Database.CLEAN), rec, recovered_clean.get(i))
         reached = [i for i in pending if records[i].get("expected")]
         with timed("check", "detectable (noisy)", 0):  # in bulk; evidence rules over many rows one by one
-            in_bulk = _detections(db, {i: candidates[i] for i in reached}, ids)
+            in_bulk = _detections(db, {i: candidates[i] for i in reached}, ids, profile)
         for i in reached:
             with db.memoized(candidates[i].queries), timed("check", "detectable (noisy)"):
                 if i in in_bulk:
@@ -155,8 +156,8 @@ def _on_clean_base(db: Database, candidates: dict[int, Candidate], sql_of: Calla
 
 
 def _on_noisy(db: Database, candidates: dict[int, Candidate], ids: dict[int, int],
-              sql_of: Callable[[Candidate], str], slots_of: Callable[[Candidate], dict] | None = None
-              ) -> dict[int, list[tuple]]:
+              sql_of: Callable[[Candidate], str], slots_of: Callable[[Candidate], dict] | None = None,
+              profile: Profile | None = None) -> dict[int, list[tuple]]:
     """Rows of each candidate's ``sql_of`` on its own noisy database (overlay ``ids[k]``, loaded), in
     a few statements (:func:`~pipeline.noise.bulk.overlaid_rows`; with ``slots_of``, columnar where
     the query is its template's gold SQL rendered with those slots). Those it leaves are asked one
@@ -164,7 +165,7 @@ def _on_noisy(db: Database, candidates: dict[int, Candidate], ids: dict[int, int
     return {k: rows for k, (_, rows) in overlaid_rows(db, {
         k: OnOverlay(c.question, sql_of(c), ids[k], tuple(c.overlay.tables), _shape(c),
                      slots_of(c) if slots_of is not None else None)
-        for k, c in candidates.items()}).items()}
+        for k, c in candidates.items()}, profile).items()}
 
 
 def _in_bulk(db: Database, queries: dict[int, tuple[Hashable, Candidate, str]],
@@ -221,7 +222,8 @@ def _clean_detections(db: Database, candidates: list[Candidate]) -> list[int]:
             for i, c in enumerate(candidates)]
 
 
-def _detections(db: Database, candidates: dict[int, Candidate], ids: dict[int, int]) -> dict[int, int]:
+def _detections(db: Database, candidates: dict[int, Candidate], ids: dict[int, int],
+                profile: Profile | None = None) -> dict[int, int]:
     """Hits of the detectors on their noisy databases: SQL detectors one statement per shape, and
     evidence rules over a few rows in unions, each reading its own overlay; a detector query the
     operator already ran on its noisy database, and an evidence rule over many rows, are left to
@@ -229,7 +231,8 @@ def _detections(db: Database, candidates: dict[int, Candidate], ids: dict[int, i
     asked = {i: c for i, c in candidates.items()
              if not c.detector.reason and not db.remembers(c.queries, c.overlay, c.detector.sql)}
     rows = _on_clean_base(db, {i: c for i, c in asked.items() if not c.overlay}, lambda c: c.detector.sql, _shape)
-    rows.update(_on_noisy(db, {i: c for i, c in asked.items() if c.overlay}, ids, lambda c: c.detector.sql))
+    rows.update(_on_noisy(db, {i: c for i, c in asked.items() if c.overlay}, ids, lambda c: c.detector.sql,
+                          profile=profile))
     found = {i: _hits(r) for i, r in rows.items()}
     ruled: dict[int, str] = {}
     present = set(db.tables)
