@@ -45,15 +45,19 @@ class Profile:
         """One row per (part, name) but :data:`STATEMENTS`, parts in first-seen order, slowest first
         within a part; shares of their total."""
         parts = [part for part in dict.fromkeys(part for part, _ in self.seconds) if part != STATEMENTS]
-        total = sum(s for (part, _), s in self.seconds.items() if part != STATEMENTS) or 1.0
+        total = self._total()
         return [self._row(part, name, s, total) for part in parts
                 for (p, name), s in sorted(self.seconds.items(), key=lambda kv: -kv[1]) if p == part]
 
     def slowest(self, n: int = 15) -> list[dict]:
         """The ``n`` slowest entries of :data:`STATEMENTS`, shares of the profile's total."""
-        total = sum(s for (part, _), s in self.seconds.items() if part != STATEMENTS) or 1.0
+        total = self._total()
         return [self._row(STATEMENTS, name, s, total) for (part, name), s in
                 sorted(self.seconds.items(), key=lambda kv: (-kv[1], kv[0])) if part == STATEMENTS][:n]
+
+    def _total(self) -> float:
+        """The seconds outside :data:`STATEMENTS` (which that time contains): what shares are of."""
+        return sum(s for (part, _), s in self.seconds.items() if part != STATEMENTS) or 1.0
 
     def _row(self, part: str, name: str, seconds: float, total: float) -> dict:
         calls = self.calls[(part, name)]
@@ -63,18 +67,14 @@ class Profile:
     def lines(self) -> list[str]:
         """The table of :meth:`rows`, then, if any, the slowest bulk statements by template and operator."""
         out = [f"{'part':<9}{'name':<26}{'seconds':>9}{'share':>8}{'calls':>9}{'ms/call':>9}"]
-        out += [_line(r) for r in self.rows()]
+        out += [_line(f"{r['part']:<9}{r['name']:<26}", r) for r in self.rows()]
         slowest = self.slowest()
         if slowest:
             out.append("slowest bulk statements on overlays, by template and operator (within the rows above;"
                        " calls: queries):")
-            out += [_line(r) for r in slowest]
+            out += [_line(f"  {r['name'] if len(r['name']) <= 50 else r['name'][:49] + '…':<50}", r) for r in slowest]
         return out
 
 
-def _line(r: dict) -> str:
-    name = r["name"] if len(r["name"]) <= 50 else r["name"][:49] + "…"
-    width = 26 if r["part"] != STATEMENTS else 50
-    part = f"{r['part']:<9}" if r["part"] != STATEMENTS else "  "
-    return (f"{part}{name:<{width}}{r['seconds']:>9.1f}{r['share']:>8.1%}{r['calls']:>9,}"
-            f"{r['ms_per_call']:>9.1f}")
+def _line(label: str, r: dict) -> str:
+    return f"{label}{r['seconds']:>9.1f}{r['share']:>8.1%}{r['calls']:>9,}{r['ms_per_call']:>9.1f}"
