@@ -15,6 +15,7 @@ from pipeline.files import sha256_file as sha256
 from pipeline.noise.model import answer_of
 from pipeline.noise.operators import OPERATORS
 from pipeline.noise.overlay import Database, changes_from_records
+from pipeline.noise.pairs import MIN_SHARD_TEMPLATES, shard_templates
 from pipeline.noise.select import violations
 from pipeline.noise.verify import CHECKS
 
@@ -120,3 +121,15 @@ def test_same_seed_same_bytes_other_seed_other_pairs(demo_build, demo_path, tmp_
         assert sha256(out / name) == sha256(tmp_path / "again" / name), name
     build("demo", tmp_path / "seed1", 1, path=demo_path, questions_per_template=QUESTIONS_PER_TEMPLATE)
     assert sha256(out / "pairs.parquet") != sha256(tmp_path / "seed1" / "pairs.parquet")
+
+
+@pytest.mark.parametrize("workers", [2, 3, 8])
+def test_noise_shards_hold_whole_templates_and_shrink_towards_the_end(workers):
+    templates = [f"template_{i}" for i in range(149)]
+    shards = shard_templates(templates * 3, workers)  # one id per question
+    assert sorted(t for s in shards for t in s) == sorted(templates)
+    sizes = [len(s) for s in shards]
+    assert sizes == sorted(sizes, reverse=True)
+    assert sizes[0] == -(-149 // (2 * workers)) and sizes[-1] <= MIN_SHARD_TEMPLATES
+    assert len(shards) <= 8 * workers  # a shard's database is opened once, not once per template
+    assert shard_templates(templates[:1], workers) == [templates[:1]]

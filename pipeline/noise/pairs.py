@@ -38,7 +38,21 @@ from pipeline.questions.templates import load_templates
 from pipeline.staging import staged_database
 from pipeline.workers import worker_pool
 
-SHARDS_PER_WORKER = 4
+GUIDED = 2  # each shard takes 1 / (GUIDED * workers) of the templates still unassigned
+MIN_SHARD_TEMPLATES = 2  # below this, opening a shard's database costs more than the balance gains
+
+
+def shard_templates(template_ids: list[str], workers: int) -> list[list[str]]:
+    """Whole templates in shards of decreasing size, the largest first (guided scheduling): the
+    first few keep the per-shard overhead low, the small last ones leave no worker idle for long
+    while another finishes. Templates go in hash order, so each shard mixes kinds and costs."""
+    todo = sorted(set(template_ids), key=lambda t: (stable_int(t), t))
+    shards = []
+    while todo:
+        size = max(MIN_SHARD_TEMPLATES, -(-len(todo) // (GUIDED * workers)))
+        shards.append(todo[:size])
+        todo = todo[size:]
+    return shards
 
 
 @dataclass
@@ -151,12 +165,12 @@ def candidate_records(staged_dir: str | os.PathLike, questions: pa.Table, seed: 
     started = time.perf_counter()
     rows = questions.to_pylist()
     workers = max(1, min(workers or os.cpu_count() or 1, len(rows) or 1))
-    # Whole templates per shard keep each worker's entity pools complete; a few shards per
-    # worker even out templates of very different cost.
-    n_shards = 1 if workers == 1 else SHARDS_PER_WORKER * workers
-    shards: list[list[dict]] = [[] for _ in range(n_shards)]
+    # Whole templates per shard keep each worker's entity pools complete.
+    shard_of = {t: i for i, ts in enumerate(shard_templates([r["template_id"] for r in rows], workers))
+                for t in ts} if workers > 1 else {}
+    shards: list[list[dict]] = [[] for _ in range(max(shard_of.values(), default=0) + 1)]
     for r in rows:
-        shards[stable_int(r["template_id"]) % n_shards].append(r)
+        shards[shard_of.get(r["template_id"], 0)].append(r)
     if workers == 1:
         results = [_shard(str(staged_dir), shards[0], seed, per_question, vetoed_families,
                           str(staged_file) if staged_file else None)]
