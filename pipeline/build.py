@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from pipeline.expectations import warm_up
 from pipeline.files import AtomicFolder, sha256_file
 from pipeline.layout import RunLayout
 from pipeline.noise.export import (
@@ -105,6 +106,7 @@ def build(source: str, out: str | os.PathLike, seed: int, path: str | os.PathLik
     report.stage = stage(make_source(source, path, patients=patients, seed=seed, quirks=quirks), layout.staged)
     lap("stage")
     templates = load_templates()
+    validation = warm_up()  # the main process only waits on the workers until the export
     # both stages' workers read one on-disk copy of the staged tables, written once
     with staged_database(layout.staged) as staged_file:
         questions, report.questions = generate_questions(layout.staged, seed, templates, questions_per_template,
@@ -114,6 +116,7 @@ def build(source: str, out: str | os.PathLike, seed: int, path: str | os.PathLik
                                                   progress=verification_progress(log) if log else None,
                                                   vetoed_families=vetoes.families(), staged_file=staged_file)
     lap("noise")
+    validation.join()
     report.pairs = ship(records, templates, seed, per_template, vetoes)
     report.manifest = export_benchmark(out, report.pairs, questions, report.questions.rejected, report.noise,
                                        source_description(source, path, patients, quirks), seed, vetoes.report(records))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -86,6 +87,22 @@ def _batch_definition():
     context.variables.progress_bars = ProgressBarsConfig(globally=False)
     source = context.data_sources.add_pandas("staged")
     return source.add_dataframe_asset("batch").add_batch_definition_whole_dataframe("whole")
+
+
+def warm_up() -> threading.Thread:
+    """Import GX and build its context in a background thread, to start while worker processes
+    run: the import alone costs about 3 s of one core that validating would otherwise wait for.
+    Join the thread before validating."""
+    thread = threading.Thread(target=_warm, name="gx-warm-up", daemon=True)
+    thread.start()
+    return thread
+
+
+def _warm() -> None:
+    try:
+        _batch_definition()
+    except Exception:  # noqa: BLE001 -- validating raises it again, where its caller reports it
+        pass
 
 
 def validate_parquet(path: str | os.PathLike, suite_name: str, batch_rows: int = BATCH_ROWS,

@@ -7,7 +7,7 @@ import shutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.expectations import EXPECTATIONS_DIR, load_suite_json
+from pipeline.expectations import EXPECTATIONS_DIR, _batch_definition, load_suite_json, warm_up
 from pipeline.quality import expectation_check, integrity_check
 from pipeline.schema import ROW_ID, TABLES
 from pipeline.staging import staged_path
@@ -66,3 +66,11 @@ def test_foreign_key_to_an_unstaged_table_is_reported_as_skipped(demo_staged, tm
     outcome = integrity_check(tmp_path, "admissions")
     assert outcome.passed and outcome.counts["skipped"] >= 1
 
+
+
+def test_warm_up_prepares_validation_in_the_background():
+    _batch_definition.cache_clear()
+    thread = warm_up()
+    assert thread.daemon
+    thread.join()
+    assert _batch_definition.cache_info().currsize == 1
