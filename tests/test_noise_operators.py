@@ -992,7 +992,8 @@ def test_noisy_answers_in_bulk_change_nothing_an_operator_decides(world, monkeyp
 
 def test_the_noise_profile_breaks_bulk_statements_down_by_template_and_operator(world):
     """``--profile`` names the template and operator (or the template's columnar statements) that
-    the bulk statements on overlays spent their time on, apart from the operator and check rows."""
+    the bulk statements on overlays spent their time on, and the evidence rule and table of the
+    detectors' unions, apart from the operator and check rows."""
     from pipeline.noise.candidates import propose
     from pipeline.profile import STATEMENTS, Profile
 
@@ -1001,6 +1002,11 @@ def test_the_noise_profile_breaks_bulk_statements_down_by_template_and_operator(
     found, _ = propose(world.db, questions, SEED, per_question=2, profile=profile)
     verify_candidates(world.db, found, rerun(world.db), profile)
     named = [r["name"] for r in profile.slowest(1000)]
+    rules = {name for name in named if name.startswith("evidence rule ")}
+    assert rules <= {f"evidence rule {c.detector.reason} on {table}" for c in found if c.detector.reason
+                     for table in c.detector.scope}
+    assert rules, "the evidence rules of detectors are timed by reason and table"
+    named = [name for name in named if name not in rules]
     possible = {f"{q.template.id} / {op}" for q in questions for op in OPERATORS} | {
         f"{q.template.id} (columnar)" for q in questions}
     assert named and set(named) <= possible

@@ -19,7 +19,7 @@ from collections.abc import Callable, Hashable
 from pipeline.noise.bulk import OnOverlay, overlaid_rows, repair_of, repairing
 from pipeline.noise.model import Candidate, answer_of
 from pipeline.noise.overlay import Database
-from pipeline.profile import Profile
+from pipeline.profile import STATEMENTS, Profile
 from pipeline.questions.evidence import evidence_violations, inline_violations_sql
 from pipeline.questions.generate import gold_rows, template_rows, union_rows
 from pipeline.schema import ROW_ID, TABLES
@@ -227,21 +227,26 @@ def _detections(db: Database, candidates: dict[int, Candidate], ids: dict[int, i
     """Hits of the detectors on their noisy databases: SQL detectors one statement per shape, and
     evidence rules over a few rows in unions, each reading its own overlay; a detector query the
     operator already ran on its noisy database, and an evidence rule over many rows, are left to
-    :func:`_detect`."""
+    :func:`_detect`. ``profile`` gets the time of each evidence rule's unions, by reason and table
+    (part :data:`~pipeline.profile.STATEMENTS`)."""
     asked = {i: c for i, c in candidates.items()
              if not c.detector.reason and not db.remembers(c.queries, c.overlay, c.detector.sql)}
     rows = _on_clean_base(db, {i: c for i, c in asked.items() if not c.overlay}, lambda c: c.detector.sql, _shape)
     rows.update(_on_noisy(db, {i: c for i, c in asked.items() if c.overlay}, ids, lambda c: c.detector.sql,
                           profile=profile))
     found = {i: _hits(r) for i, r in rows.items()}
-    ruled: dict[int, str] = {}
+    ruled: dict[tuple[str, str], dict[int, str]] = defaultdict(dict)  # (reason, table) -> queries
     present = set(db.tables)
     for i, c in candidates.items():
-        if c.detector.reason and (sql := inline_violations_sql(i, _scope_rows(c), present, {c.detector.reason})):
-            ruled[i] = db.shadowed(sql, ids[i]) if c.overlay else sql
+        scope = _scope_rows(c)
+        if c.detector.reason and (sql := inline_violations_sql(i, scope, present, {c.detector.reason})):
+            ruled[(c.detector.reason, scope[0][0])][i] = db.shadowed(sql, ids[i]) if c.overlay else sql
     db.use(Database.CLEAN)
-    for i, (_, hits) in union_rows(db.con, ruled).items():
-        found[i] = int(any(reason == candidates[i].detector.reason for _, reason in hits))
+    timed = (profile or Profile()).timed
+    for (reason, table), queries in sorted(ruled.items()):
+        with timed(STATEMENTS, f"evidence rule {reason} on {table}", len(queries)):
+            for i, (_, hits) in union_rows(db.con, queries).items():
+                found[i] = int(any(hit == reason for _, hit in hits))
     return found
 
 
