@@ -15,6 +15,7 @@ import datetime as dt
 import difflib
 import random
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -696,16 +697,25 @@ def test_naive_answers_by_hand(records):
     assert naive["ambiguous_reference-lab_ck"] is None
 
 
-def test_evidence_rule_detectors_run_in_unions_each_on_its_own_overlay(world, candidates, monkeypatch):
-    """Evidence-rule detectors over a few rows run many candidates to a statement, each branch
-    reading its own overlay: the verdicts are those of running each on its noisy database alone."""
+def test_evidence_rule_detectors_run_many_candidates_to_a_statement_each_on_its_own_overlay(
+        world, candidates, monkeypatch):
+    """Evidence-rule detectors over a few rows run many candidates to a statement: their rows
+    checked together where the rule reads no table their overlays touch, else in unions of their
+    own checks; either way each reads its own overlay, and the verdicts are those of running each
+    on its noisy database alone."""
     from pipeline.noise import verify
 
-    named, original = [], verify.inline_violations_sql
-    monkeypatch.setattr(verify, "inline_violations_sql", lambda cand, *a: named.append(cand) or original(cand, *a))
+    named, original = [], verify.named_rows
+    monkeypatch.setattr(verify, "named_rows", lambda cand, *a: named.append(cand) or original(cand, *a))
+    checked, in_unions, in_one = Counter(), verify.union_rows, verify._violating
+    monkeypatch.setattr(verify, "union_rows", lambda con, queries: checked.update(apart=len(queries))
+                        or in_unions(con, queries))
+    monkeypatch.setattr(verify, "_violating", lambda db, table, rows, reason: checked.update(together=len(rows))
+                        or in_one(db, table, rows, reason))
     together = verify_candidates(world.db, list(candidates.values()), rerun(world.db))
     assert len(named) == sum(bool(c.detector.reason) for c in candidates.values()) > 1
-    monkeypatch.setattr(verify, "inline_violations_sql", lambda *a: None)
+    assert checked["together"] > 1 and checked["apart"] > 0, checked
+    monkeypatch.setattr(verify, "named_rows", lambda *a: None)
     alone = verify_candidates(world.db, list(candidates.values()), rerun(world.db))
     assert together == alone
     assert sum(r["detector_noisy"] for r in together if "detector_noisy" in r) > 1
@@ -1002,9 +1012,9 @@ def test_the_noise_profile_breaks_bulk_statements_down_by_template_and_operator(
     found, _ = propose(world.db, questions, SEED, per_question=2, profile=profile)
     verify_candidates(world.db, found, rerun(world.db), profile)
     named = [r["name"] for r in profile.slowest(1000)]
-    rules = {name for name in named if name.startswith("evidence rule ")}
-    assert rules <= {f"evidence rule {c.detector.reason} on {table}" for c in found if c.detector.reason
-                     for table in c.detector.scope}
+    rules = {name for name in named if name.startswith("rule ")}
+    assert {name.removesuffix(" (together)") for name in rules} <= {
+        f"rule {c.detector.reason} on {table}" for c in found if c.detector.reason for table in c.detector.scope}
     assert rules, "the evidence rules of detectors are timed by reason and table"
     named = [name for name in named if name not in rules]
     possible = {f"{q.template.id} / {op}" for q in questions for op in OPERATORS} | {

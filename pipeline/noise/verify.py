@@ -16,11 +16,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Hashable
 
+import duckdb
+
 from pipeline.noise.bulk import OnOverlay, overlaid_rows, repair_of, repairing
 from pipeline.noise.model import Candidate, answer_of
 from pipeline.noise.overlay import Database
 from pipeline.profile import STATEMENTS, Profile
-from pipeline.questions.evidence import evidence_violations, inline_violations_sql
+from pipeline.questions.evidence import evidence_violations, named_rows, rule_reads, violations_sql
 from pipeline.questions.generate import gold_rows, template_rows, union_rows
 from pipeline.schema import ROW_ID, TABLES
 
@@ -224,30 +226,68 @@ def _clean_detections(db: Database, candidates: list[Candidate]) -> list[int]:
 
 def _detections(db: Database, candidates: dict[int, Candidate], ids: dict[int, int],
                 profile: Profile | None = None) -> dict[int, int]:
-    """Hits of the detectors on their noisy databases: SQL detectors one statement per shape, and
-    evidence rules over a few rows in unions, each reading its own overlay; a detector query the
-    operator already ran on its noisy database, and an evidence rule over many rows, are left to
-    :func:`_detect`. ``profile`` gets the time of each evidence rule's unions, by reason and table
-    (part :data:`~pipeline.profile.STATEMENTS`)."""
+    """Hits of the detectors on their noisy databases: SQL detectors one statement per shape;
+    evidence rules over a few rows many candidates to a statement, each reading its own overlay
+    (their rows checked together where the rule reads no table the overlay touches, else in unions
+    of each one's check); a detector query the operator already ran on its noisy database, and an
+    evidence rule over many rows, are left to :func:`_detect`. ``profile`` gets the time of the
+    evidence rules' statements, by reason and table (part :data:`~pipeline.profile.STATEMENTS`)."""
     asked = {i: c for i, c in candidates.items()
              if not c.detector.reason and not db.remembers(c.queries, c.overlay, c.detector.sql)}
     rows = _on_clean_base(db, {i: c for i, c in asked.items() if not c.overlay}, lambda c: c.detector.sql, _shape)
     rows.update(_on_noisy(db, {i: c for i, c in asked.items() if c.overlay}, ids, lambda c: c.detector.sql,
                           profile=profile))
     found = {i: _hits(r) for i, r in rows.items()}
-    ruled: dict[tuple[str, str], dict[int, str]] = defaultdict(dict)  # (reason, table) -> queries
+    apart: dict[tuple[str, str], dict[int, str]] = defaultdict(dict)  # (reason, table) -> each candidate's check
+    together: dict[tuple[str, str], dict[int, str]] = defaultdict(dict)  # (reason, table) -> each candidate's rows
     present = set(db.tables)
+    reads: dict[tuple[str, str], set[str]] = {}
     for i, c in candidates.items():
-        scope = _scope_rows(c)
-        if c.detector.reason and (sql := inline_violations_sql(i, scope, present, {c.detector.reason})):
-            ruled[(c.detector.reason, scope[0][0])][i] = db.shadowed(sql, ids[i]) if c.overlay else sql
+        reason = c.detector.reason
+        if not reason or (named := named_rows(i, _scope_rows(c), present)) is None:
+            continue
+        table, rows_sql = named
+        if (reason, table) not in reads:
+            reads[(reason, table)] = rule_reads(table, present, {reason})
+        if reads[(reason, table)] & set(c.overlay.tables):  # the check reads a table as this overlay shows it
+            if (sql := violations_sql(table, rows_sql, present, {reason})) is not None:
+                apart[(reason, table)][i] = db.shadowed(sql, ids[i])
+        else:
+            together[(reason, table)][i] = db.shadowed(rows_sql, ids[i]) if c.overlay else rows_sql
     db.use(Database.CLEAN)
     timed = (profile or Profile()).timed
-    for (reason, table), queries in sorted(ruled.items()):
-        with timed(STATEMENTS, f"evidence rule {reason} on {table}", len(queries)):
+    for (reason, table), queries in sorted(apart.items()):
+        with timed(STATEMENTS, f"rule {reason} on {table}", len(queries)):
             for i, (_, hits) in union_rows(db.con, queries).items():
                 found[i] = int(any(hit == reason for _, hit in hits))
+    for (reason, table), rows in sorted(together.items()):
+        with timed(STATEMENTS, f"rule {reason} on {table} (together)", len(rows)):
+            found.update(_violating(db, table, rows, reason))
     return found
+
+
+TOGETHER_CANDIDATES = 256  # candidates whose rows one evidence-rule statement checks together
+
+
+def _violating(db: Database, table: str, rows: dict[int, str], reason: str) -> dict[int, int]:
+    """Whether ``reason`` fires on each candidate's evidence ``rows`` (each SQL reading its own
+    overlay), many candidates' rows checked in one statement: the checks read no table an overlay
+    touches, so one pass over what they join (the demo's ICD dictionary: 110K codes) serves all.
+    A statement DuckDB refuses leaves its candidates to :func:`_detect`."""
+    out: dict[int, int] = {}
+    keys = list(rows)
+    for start in range(0, len(keys), TOGETHER_CANDIDATES):
+        chunk = keys[start:start + TOGETHER_CANDIDATES]
+        sql = violations_sql(table, "\nUNION ALL\n".join(f"({rows[k]})" for k in chunk), set(db.tables), {reason})
+        if sql is None:  # no check of ``reason`` applies to ``table``
+            return out
+        try:
+            hits = db.con.execute(sql).fetchall()
+        except duckdb.Error:
+            continue
+        out.update(dict.fromkeys(chunk, 0))
+        out.update({cand: 1 for cand, hit in hits if hit == reason})
+    return out
 
 
 def _hits(rows: list[tuple]) -> int:

@@ -21,6 +21,7 @@ aggregate). Noise detectors ask for their own reason only, so these never run fo
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 import duckdb
@@ -195,17 +196,28 @@ def violations_sql(table: str, e: str, present: set[str], reasons: set[str] | No
         {body}"""
 
 
-def inline_violations_sql(cand: int, rows: list[tuple[str, int]], present: set[str],
-                          reasons: set[str]) -> str | None:
-    """:func:`violations_sql` for one candidate's few evidence rows of one table (up to
-    :data:`INLINE_ROWS`), named in the statement itself; None for more rows or tables, or when no
-    check applies: such a statement may run in a union with others, each on its own overlay."""
+def named_rows(cand: int, rows: list[tuple[str, int]], present: set[str]) -> tuple[str, str] | None:
+    """The table and the rows SQL (:func:`violations_sql`'s ``e``) of one candidate's few evidence
+    rows of one table (up to :data:`INLINE_ROWS`), named in the statement itself; None for more rows
+    or tables. Read through an overlay's CTEs, such rows may go in one statement with other
+    candidates', each on its own overlay."""
     tables = {t for t, _ in rows}
     if len(tables) != 1 or len(rows) > INLINE_ROWS:
         return None
     table = tables.pop()
     _require_staged({table}, present)
-    return violations_sql(table, _rows_named(cand, table, [r for _, r in rows]), present, reasons)
+    return table, _rows_named(cand, table, [r for _, r in rows])
+
+
+_READ = re.compile(r"\b(?:FROM|JOIN)\s+([A-Za-z_]\w*)", re.IGNORECASE)
+
+
+def rule_reads(table: str, present: set[str], reasons: set[str]) -> set[str]:
+    """The tables that :func:`violations_sql`'s checks of ``reasons`` on ``table`` read besides the
+    evidence rows: where a candidate's overlay touches none of them, its rows can be checked in one
+    statement with other candidates' rows (each on its own overlay)."""
+    sql = violations_sql(table, "SELECT NULL AS cand", present, reasons)
+    return set(_READ.findall(sql)) - {"e", "g", "s"} if sql else set()
 
 
 def _require_staged(table_names: set[str], present: set[str]) -> None:
