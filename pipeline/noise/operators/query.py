@@ -124,18 +124,26 @@ def _absent_sql(table: str, name: str) -> str:
             f"WHERE contains(lname, lower({sql_literal(name)}))")
 
 
+def _near_counts(name: str) -> str:
+    """The columns (exact matches, names within two edits) of ``name`` over the searched names."""
+    return f"count(*) FILTER (WHERE name = {sql_literal(name)}), count(*) FILTER (WHERE {_within_two_edits(name)})"
+
+
+def _within_two_edits(name: str) -> str:
+    return f"levenshtein(lname, lower({sql_literal(name)})) <= 2"
+
+
 def _near_names_sql(db, dictionary: str, column: str, name: str, select: str | None = None) -> str:
     """(exact matches, names within two edits) of ``name`` in the dictionary (or ``select`` over
     those candidates, e.g. the matching names themselves).
 
     Two edits leave at least one of three equal parts of a name intact (pigeonhole), so only names
     of similar length containing one of those parts reach the costly edit distance."""
-    literal, lowered = sql_literal(name), name.lower()
+    lowered = name.lower()
     third = max(1, len(lowered) // 3)
     parts = {lowered[:third], lowered[third:2 * third], lowered[2 * third:]} - {""}
     contains = " OR ".join(f"contains(lname, {sql_literal(p)})" for p in sorted(parts))
-    what = select or (f"count(*) FILTER (WHERE name = {literal}), "
-                      f"count(*) FILTER (WHERE levenshtein(lname, lower({literal})) <= 2)")
+    what = select or _near_counts(name)
     return (f"SELECT {what} FROM (SELECT name, lname FROM {db.names(dictionary, column)} "
             f"WHERE len BETWEEN {len(name) - 2} AND {len(name) + 2} AND ({contains}))")
 
@@ -198,9 +206,11 @@ def misspelled_entity(db, q, params, rng):
     flag = "SELECT CASE WHEN n_exact = 0 AND n_near = 1 THEN 1 ELSE 0 END FROM ({}) AS m(n_exact, n_near)"
     for _ in range(4):
         typo = _typo(rng, value)
-        if typo and typo.lower() != value.lower() and db.rows(_near_names_sql(db, dictionary, column, typo))[0] == (0, 1):
-            resolved = db.scalar(_near_names_sql(db, dictionary, column, typo,
-                                                 f"min(name) FILTER (WHERE levenshtein(lname, lower({sql_literal(typo)})) <= 2)"))
+        if not typo or typo.lower() == value.lower():
+            continue
+        exact, near, resolved = db.rows(_near_names_sql(  # one search: the counts, and the name it may resolve to
+            db, dictionary, column, typo, f"{_near_counts(typo)}, min(name) FILTER (WHERE {_within_two_edits(typo)})"))[0]
+        if (exact, near) == (0, 1):
             recovery = q.rerender({**q.slots, slot: resolved})[1]
             return _proposal(q, {**q.slots, slot: typo}, "answer",
                              flag.format(_near_names_sql(db, dictionary, column, typo)),
