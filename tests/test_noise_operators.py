@@ -428,6 +428,37 @@ def test_a_shadowed_query_reads_its_own_overlay_whatever_is_active(world):
         db.use(Database.CLEAN)
 
 
+def test_the_clean_base_answers_a_query_any_memoized_block_asked_before_from_memory(world, monkeypatch):
+    """Operators trying one question ask its evidence and answers again, each in a memoized block
+    of its own; the clean base never changes, so DuckDB is asked once. The same text under an
+    overlay reads the noisy rows, and outside a memoized block (verification reading the patch
+    tables) every query is asked."""
+    db = world.db
+
+    class Counting:  # the connection, counting the statements it is given
+        def __init__(self, con):
+            self.con, self.statements = con, []
+
+        def execute(self, sql, *args):
+            self.statements.append(sql)
+            return self.con.execute(sql, *args)
+
+        def __getattr__(self, name):
+            return getattr(self.con, name)
+
+    monkeypatch.setattr(db, "con", Counting(db.con))
+    db.use(Database.CLEAN)
+    sql = "SELECT count(*), min(_rid) FROM labevents -- asked again"
+    with db.memoized({}):
+        (count, first), = db.rows(sql)
+    with db.memoized({}):
+        assert db.rows(sql) == [(count, first)] and db.con.statements.count(sql) == 1
+        with db.noisy(Overlay([Change("labevents", "delete", first)])):
+            assert db.rows(sql) == [(count - 1, first + 1)]
+        assert db.con.statements.count(sql) == 2
+    assert db.rows(sql) == [(count, first)] and db.con.statements.count(sql) == 3
+
+
 # ----------------------------------------------------------------------------------------------
 # The world itself: staged as declared, clean answers as computed by hand, evidence clean.
 # ----------------------------------------------------------------------------------------------

@@ -88,6 +88,7 @@ class Database:
     MEMO_ROWS = 256  # larger results are asked again rather than held: a memo's memory stays small
     VALUES_ROWS = 16  # patch rows up to which an insert binds values rather than registering Arrow
     ROW_CACHE = 8192  # base rows kept by (table, _rid) for :meth:`base_rows` (a few MB)
+    CLEAN_ROWS = 262_144  # rows of results on the clean base kept by SQL (tens of MB; a 16th at most each)
 
     def __init__(self, staged_dir: str | os.PathLike, tables: Iterable[str] | None = None,
                  staged_file: str | os.PathLike | None = None, processes: int = 1):
@@ -120,6 +121,8 @@ class Database:
         self._deferring: list[tuple[Overlay, str]] | None = None  # noisy queries put off (:meth:`deferring`)
         self._deferred: tuple[int, Overlay] | None = None  # a memoized noisy block's overlay, not loaded yet
         self._row_cache: dict[tuple[str, int], dict] = {}
+        self._clean_results: dict[str, tuple[list[str], list[tuple]]] = {}
+        self._clean_rows = 0  # rows (and results) held in _clean_results
         self._largest: dict[tuple[str, str], object] = {}
         self.use(self.CLEAN)
 
@@ -145,7 +148,7 @@ class Database:
         if key in self._memo:
             return self._memo[key]
         self._show_deferred()
-        result = self._run(sql)
+        result = self._on_clean_base(sql) if self._active == self.CLEAN else self._run(sql)
         if len(result[1]) <= self.MEMO_ROWS:
             self._memo[key] = result
         return result
@@ -153,6 +156,22 @@ class Database:
     def _run(self, sql: str) -> tuple[list[str], list[tuple]]:
         cursor = self.con.execute(sql)
         return [d[0] for d in cursor.description or ()], cursor.fetchall()
+
+    def _on_clean_base(self, sql: str) -> tuple[list[str], list[tuple]]:
+        """:meth:`_run` on the clean base, for a memoized block (whose queries read the staged
+        tables, never the patch tables): the base never changes, so a query any block asked before
+        is answered from :attr:`_clean_results` (operators trying one question ask its evidence
+        and answers again)."""
+        if (known := self._clean_results.get(sql)) is not None:
+            return known
+        result = self._run(sql)
+        if len(result[1]) <= self.CLEAN_ROWS // 16:
+            self._clean_rows += len(result[1]) + 1
+            if self._clean_rows > self.CLEAN_ROWS:
+                self._clean_results.clear()
+                self._clean_rows = len(result[1]) + 1
+            self._clean_results[sql] = result
+        return result
 
     @contextmanager
     def memoized(self, memo: dict) -> Iterator[None]:
