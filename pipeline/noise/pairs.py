@@ -166,11 +166,12 @@ def candidate_records(staged_dir: str | os.PathLike, questions: pa.Table, seed: 
     rows = questions.to_pylist()
     workers = max(1, min(workers or os.cpu_count() or 1, len(rows) or 1))
     # Whole templates per shard keep each worker's entity pools complete.
-    shard_of = {t: i for i, ts in enumerate(shard_templates([r["template_id"] for r in rows], workers))
-                for t in ts} if workers > 1 else {}
-    shards: list[list[dict]] = [[] for _ in range(max(shard_of.values(), default=0) + 1)]
+    ids = [r["template_id"] for r in rows]
+    groups = shard_templates(ids, workers) if workers > 1 else [sorted(set(ids))]
+    shard_of = {t: i for i, group in enumerate(groups) for t in group}
+    shards: list[list[dict]] = [[] for _ in groups]
     for r in rows:
-        shards[shard_of.get(r["template_id"], 0)].append(r)
+        shards[shard_of[r["template_id"]]].append(r)
     if workers == 1:
         results = [_shard(str(staged_dir), shards[0], seed, per_question, vetoed_families,
                           str(staged_file) if staged_file else None)]
