@@ -370,11 +370,27 @@ def test_relinking_a_table_without_a_stay_link_is_an_error_naming_it(build):
     assert "p.subject_id = t.subject_id" in build("labevents")
 
 
-def test_an_overlay_shows_only_the_tables_it_touches_and_is_forgotten_in_batches(world):
+class Counting:
+    """A DuckDB connection that keeps the statements it is given."""
+
+    def __init__(self, con):
+        self.con, self.statements = con, []
+
+    def execute(self, sql, *args):
+        self.statements.append(sql)
+        return self.con.execute(sql, *args)
+
+    def __getattr__(self, name):
+        return getattr(self.con, name)
+
+
+def test_an_overlay_shows_only_the_tables_it_touches_and_is_forgotten_in_batches(world, monkeypatch):
     """Selecting an overlay puts only its tables' views before the base; unloaded overlays stay
     invisible until their patch rows are deleted, one batch at a time."""
     db = world.db
     base = {t: db.scalar(f"SELECT count(*) FROM {t}") for t in ("labevents", "admissions")}
+    kept = db.new_id()  # loaded throughout: admissions has patch tables, but the batch below does not touch it
+    db.load({kept: Overlay([Change("admissions", "delete", 0)])})
     ids = []
     for _ in range(Database.PURGE_BATCH):
         ids.append(db.new_id())
@@ -388,8 +404,17 @@ def test_an_overlay_shows_only_the_tables_it_touches_and_is_forgotten_in_batches
         db.unload(oid)
     assert db.scalar("SELECT count(*) FROM labevents") == base["labevents"]  # the active one went with it
     assert db.scalar("SELECT count(*) FROM patch.labevents_removed") == Database.PURGE_BATCH  # not yet deleted
+    for _ in range(Database.PURGE_BATCH):  # never loaded: nothing to delete, and no place in a batch
+        with db.memoized({}), db.noisy(Overlay([Change("admissions", "delete", 0)])):
+            pass
+    assert db.scalar("SELECT count(*) FROM patch.labevents_removed") == Database.PURGE_BATCH
+    monkeypatch.setattr(db, "con", Counting(db.con))
     db.unload(ids[-1])
     assert db.scalar("SELECT count(*) FROM patch.labevents_removed") == 0
+    purge, = [sql for sql in db.con.statements if sql.startswith("DELETE")]
+    assert "patch.labevents_removed" in purge and "admissions" not in purge  # only the tables the batch touched
+    monkeypatch.undo()
+    db.unload(kept)
     db.use(ids[1])  # a forgotten id shows the clean base
     assert db.scalar("SELECT count(*) FROM labevents") == base["labevents"]
     db.use(Database.CLEAN)
@@ -434,17 +459,6 @@ def test_the_clean_base_answers_a_query_any_memoized_block_asked_before_from_mem
     overlay reads the noisy rows, and outside a memoized block (verification reading the patch
     tables) every query is asked."""
     db = world.db
-
-    class Counting:  # the connection, counting the statements it is given
-        def __init__(self, con):
-            self.con, self.statements = con, []
-
-        def execute(self, sql, *args):
-            self.statements.append(sql)
-            return self.con.execute(sql, *args)
-
-        def __getattr__(self, name):
-            return getattr(self.con, name)
 
     monkeypatch.setattr(db, "con", Counting(db.con))
     db.use(Database.CLEAN)

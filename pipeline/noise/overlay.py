@@ -113,6 +113,7 @@ class Database:
         self._overlaid: set[str] = set()
         self._overlay_of: dict[int, Overlay] = {}  # loaded overlays by id
         self._stale: set[int] = set()  # unloaded overlays whose patch rows are not deleted yet
+        self._stale_tables: set[str] = set()  # the tables they touch
         self._names: set[str] = set()
         self._next_id = 0
         self._active: int | None = None
@@ -359,16 +360,21 @@ class Database:
     def unload(self, overlay_id: int) -> None:
         """Forget overlay ``overlay_id``. Its patch rows are deleted with the next batch of
         forgotten overlays (ids are never reused, so no view shows them meanwhile): one statement
-        per table and batch instead of two per table and overlay."""
-        self._overlay_of.pop(overlay_id, None)
+        per table the batch touched instead of two per table and overlay. An overlay never loaded
+        (a memoized block that asked DuckDB nothing) has no rows to delete."""
+        overlay = self._overlay_of.pop(overlay_id, None)
         if overlay_id == self._active:
             self.use(self.CLEAN)
+        if overlay is None:
+            return
         self._stale.add(overlay_id)
+        self._stale_tables.update(overlay.tables)
         if len(self._stale) >= self.PURGE_BATCH:
             stale = ", ".join(map(str, sorted(self._stale)))
             self.con.execute("; ".join(f"DELETE FROM patch.{table}_{part} WHERE overlay_id IN ({stale})"
-                                       for table in sorted(self._overlaid) for part in ("removed", "rows"))).fetchall()
+                                       for table in sorted(self._stale_tables) for part in ("removed", "rows"))).fetchall()
             self._stale.clear()
+            self._stale_tables.clear()
 
     def _insert(self, target: str, schema: pa.Schema, rows: list[dict]) -> None:
         """Append ``rows`` to ``target``: a handful (one pair's overlay) as one INSERT with bound
