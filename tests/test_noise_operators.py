@@ -755,8 +755,8 @@ def test_evidence_rule_detectors_run_many_candidates_to_a_statement_each_on_its_
     checked, in_unions, in_one = Counter(), verify.union_rows, verify._violating
     monkeypatch.setattr(verify, "union_rows", lambda con, queries: checked.update(apart=len(queries))
                         or in_unions(con, queries))
-    monkeypatch.setattr(verify, "_violating", lambda db, table, rows, reason: checked.update(together=len(rows))
-                        or in_one(db, table, rows, reason))
+    monkeypatch.setattr(verify, "_violating", lambda db, table, rows, *rest: checked.update(together=len(rows))
+                        or in_one(db, table, rows, *rest))
     together = verify_candidates(world.db, list(candidates.values()), rerun(world.db))
     assert len(named) == sum(bool(c.detector.reason) for c in candidates.values()) > 1
     assert checked["together"] > 1 and checked["apart"] > 0, checked

@@ -23,7 +23,7 @@ from pipeline.noise.model import Candidate, answer_of
 from pipeline.noise.overlay import Database
 from pipeline.profile import STATEMENTS, Profile
 from pipeline.questions.evidence import evidence_violations, named_rows, rule_reads, violations_sql
-from pipeline.questions.generate import gold_rows, template_rows, union_rows
+from pipeline.questions.generate import gold_rows, template_rows, union_chunks, union_rows
 from pipeline.schema import ROW_ID, TABLES
 
 CHECKS = ("clean", "local", "effect", "expected", "detectable", "deterministic")  # in the order they run
@@ -262,23 +262,21 @@ def _detections(db: Database, candidates: dict[int, Candidate], ids: dict[int, i
                 found[i] = int(any(hit == reason for _, hit in hits))
     for (reason, table), rows in sorted(together.items()):
         with timed(STATEMENTS, f"rule {reason} on {table} (together)", len(rows)):
-            found.update(_violating(db, table, rows, reason))
+            found.update(_violating(db, table, rows, present, reason))
     return found
 
 
 TOGETHER_CANDIDATES = 256  # candidates whose rows one evidence-rule statement checks together
 
 
-def _violating(db: Database, table: str, rows: dict[int, str], reason: str) -> dict[int, int]:
+def _violating(db: Database, table: str, rows: dict[int, str], present: set[str], reason: str) -> dict[int, int]:
     """Whether ``reason`` fires on each candidate's evidence ``rows`` (each SQL reading its own
     overlay), many candidates' rows checked in one statement: the checks read no table an overlay
     touches, so one pass over what they join (the demo's ICD dictionary: 110K codes) serves all.
     A statement DuckDB refuses leaves its candidates to :func:`_detect`."""
     out: dict[int, int] = {}
-    keys = list(rows)
-    for start in range(0, len(keys), TOGETHER_CANDIDATES):
-        chunk = keys[start:start + TOGETHER_CANDIDATES]
-        sql = violations_sql(table, "\nUNION ALL\n".join(f"({rows[k]})" for k in chunk), set(db.tables), {reason})
+    for chunk in union_chunks(rows, TOGETHER_CANDIDATES):
+        sql = violations_sql(table, "\nUNION ALL\n".join(f"({sql})" for sql in chunk.values()), present, {reason})
         if sql is None:  # no check of ``reason`` applies to ``table``
             return out
         try:

@@ -136,11 +136,11 @@ def _union(queries: dict[int, str], columns: str = "*") -> str:
     return "\nUNION ALL\n".join(f"SELECT {i} AS cand, {columns} FROM ({sql}) AS q{i}" for i, sql in queries.items())
 
 
-def union_chunks(queries: dict[int, str]) -> Iterator[dict[int, str]]:
-    """``queries`` in chunks of :data:`UNION_QUERIES`, in order."""
+def union_chunks(queries: dict[int, T], size: int = UNION_QUERIES) -> Iterator[dict[int, T]]:
+    """``queries`` in chunks of ``size`` (default :data:`UNION_QUERIES`), in order."""
     keys = list(queries)
-    for start in range(0, len(keys), UNION_QUERIES):
-        yield {k: queries[k] for k in keys[start:start + UNION_QUERIES]}
+    for start in range(0, len(keys), size):
+        yield {k: queries[k] for k in keys[start:start + size]}
 
 
 def batched_rows(con, queries: dict[int, str]) -> tuple[list[str], dict[int, list[tuple]]]:
